@@ -1,0 +1,207 @@
+"""polyforge apply|unapply|status|capture|refresh|lock|verify-patches"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .. import verify as verify_lib
+from ..chain import Chain
+from ..console import err
+from ..errors import VerificationFailed
+from ..project import find_project
+from . import app
+from .render import emit_json, say
+
+
+def _chain_with_notices() -> Chain:
+    return Chain(find_project())
+
+
+@app.command()
+def apply(
+    to: Optional[str] = typer.Option(None, "--to", help="Stop after this patch (NNNN or name)."),
+    allow_offset: bool = typer.Option(False, "--allow-offset", help="Accept hunks that apply at an offset."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Apply the chain (patches/*.patch in lexical order) to the vendored tree, atomically."""
+    chain = _chain_with_notices()
+    with chain.locked() as notices:
+        for notice in notices:
+            say(f"[yellow]{notice}[/]")
+        report = chain.apply(to, allow_offset)
+    if json_out:
+        emit_json({"ok": True, "patches": report})
+        return
+    for row in report:
+        extra = f" [yellow](offsets: {', '.join(row['offsets'])})[/]" if row.get("offsets") else ""
+        say(f"  {row['name']}: {row['status']}{extra}")
+    say(f"[green]ok[/] {sum(r['status'] == 'applied' for r in report)} applied, "
+        f"{sum(r['status'] != 'applied' for r in report)} already applied")
+
+
+@app.command()
+def unapply(
+    to: Optional[str] = typer.Option(None, "--to", help="Keep patches up to and including this one (default: none)."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Reverse-apply patches from the top, verified by tree id."""
+    chain = _chain_with_notices()
+    with chain.locked() as notices:
+        for notice in notices:
+            say(f"[yellow]{notice}[/]")
+        report = chain.unapply(to)
+    if json_out:
+        emit_json({"ok": True, "patches": report})
+        return
+    for row in report:
+        say(f"  {row['name']}: {row['status']}")
+    say(f"[green]ok[/] {len(report)} unapplied")
+
+
+def status_info(chain: Chain) -> dict:
+    from .. import vendor as vendor_lib
+    info = vendor_lib.status(chain)
+    patches = chain.patches()
+    info["patches"] = [p.name for p in patches]
+    info["lock_drift"] = chain.lock_drift(patches)
+    journal = chain.tree.pending_journal() if chain.tree.exists() else None
+    info["interrupted"] = journal.op if journal else None
+    if chain.tree.exists():
+        applied = chain.tree.applied()
+        info["applied"] = [a.name for a in applied]
+        info["unapplied"] = [p.name for p in patches if p.name not in info["applied"]]
+        info["live_edits"] = [{"status": s, "path": p} for s, p in chain.live_changes()]
+        info["applied_changed"] = [a.name for a in applied
+                                   for p in patches if p.name == a.name and p.sha256 != a.sha256]
+    info["ok"] = bool(info.get("baseline_ok")) and not info["lock_drift"] and not info.get("applied_changed")
+    return info
+
+
+@app.command()
+def status(json_out: bool = typer.Option(False, "--json")) -> None:
+    """Pin and baseline, applied and unapplied patches, live edits, lock drift."""
+    chain = _chain_with_notices()
+    info = status_info(chain)
+    if json_out:
+        emit_json(info)
+        raise typer.Exit(0 if info["ok"] else 1)
+    pin = info["pin"]
+    say(f"pin       {chain.pin.project} {pin['release']} ({pin['commit'][:12]}), tree {pin['tree'][:12]}")
+    if not info["vendored"]:
+        say("vendored  [red]no[/] (polyforge vendor fetch)")
+        raise typer.Exit(1)
+    say(f"baseline  {info['baseline_tree'][:12]} " + ("[green]ok[/]" if info["baseline_ok"] else "[red]MISMATCH[/]")
+        + (" (pruned)" if info["pruned"] else ""))
+    table = Table(show_header=True, header_style="bold", box=None)
+    table.add_column("patch")
+    table.add_column("state")
+    for name in info["patches"]:
+        state = "[green]applied[/]" if name in info["applied"] else "unapplied"
+        if name in info["applied_changed"]:
+            state = "[red]applied, file changed since[/]"
+        table.add_row(name, state)
+    if info["patches"]:
+        err.print(table)
+    else:
+        say("patches   none")
+    edits = info["live_edits"]
+    say(f"live edits {len(edits)} file(s)" + (":" if edits else ""))
+    for e in edits[:20]:
+        say(f"  {e['status']} {e['path']}")
+    if len(edits) > 20:
+        say(f"  ... and {len(edits) - 20} more")
+    for d in info["lock_drift"]:
+        say(f"[red]lock drift[/] {d}")
+    if info["interrupted"]:
+        say(f"[yellow]an interrupted {info['interrupted']} will be recovered by the next command[/]")
+    raise typer.Exit(0 if info["ok"] else 1)
+
+
+@app.command()
+def capture(
+    name: str = typer.Argument(..., help="NNNN-slug of the new patch"),
+    message: Optional[str] = typer.Option(None, "-m", "--message", help="Subject line, blank line, description."),
+    message_file: Optional[Path] = typer.Option(None, "-F", "--file", help="Read the message from a file."),
+    upstream_status: str = typer.Option("Pending", "--upstream-status", help="Pending, Submitted, Backport, Inappropriate [why], ..."),
+    author: str = typer.Option("polyforge <polyforge@localhost>", "--author"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Turn the live edits on top of the applied chain into a new patch."""
+    if message_file is not None:
+        message = message_file.read_text()
+    chain = _chain_with_notices()
+    with chain.locked():
+        info = chain.capture(name, message, upstream_status, author)
+    if json_out:
+        emit_json(info)
+        return
+    say(f"[green]ok[/] captured {info['name']}: {len(info['files'])} file(s), sha256 {info['sha256'][:12]}")
+
+
+@app.command()
+def refresh(
+    check: bool = typer.Option(False, "--check", help="Fail if regenerating would change a byte."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Regenerate the top applied patch from the live tree (canonical form)."""
+    chain = _chain_with_notices()
+    with chain.locked():
+        info = chain.refresh(check)
+    if json_out:
+        emit_json(info)
+        return
+    if check:
+        say(f"[green]ok[/] {info['name']} is canonical and matches the live tree")
+    else:
+        say(f"[green]ok[/] {info['name']} " + ("rewritten" if info["changed"] else "unchanged"))
+
+
+@app.command()
+def lock(json_out: bool = typer.Option(False, "--json")) -> None:
+    """Rewrite patches/chain.lock after an intended change to the chain."""
+    chain = _chain_with_notices()
+    with chain.locked():
+        result = chain.relock()
+    if json_out:
+        emit_json({"base_tree": result.base_tree, "patches": [e.__dict__ for e in result.patches]})
+        return
+    say(f"[green]ok[/] chain.lock: {len(result.patches)} patch(es) on {result.base_tree[:12]}")
+
+
+@app.command("verify-patches")
+def verify_patches(
+    json_out: bool = typer.Option(False, "--json"),
+    junit_file: Optional[Path] = typer.Option(None, "--junit", help="Also write a JUnit XML report."),
+) -> None:
+    """Prove the chain: prefixes, forward and reverse byte identity, lock, canonical form."""
+    chain = _chain_with_notices()
+    with chain.locked():
+        proof = verify_lib.verify(chain)
+    if junit_file is not None:
+        junit_file.write_text(verify_lib.junit(proof))
+    if json_out:
+        emit_json(proof.as_dict())
+    else:
+        table = Table(show_header=True, header_style="bold", box=None)
+        for col in ("patch", "forward", "reverse", "lock", "canonical", "tree"):
+            table.add_column(col)
+        for p in proof.patches:
+            mark = lambda ok: "[green]ok[/]" if ok else "[red]FAIL[/]"  # noqa: E731
+            table.add_row(p.name, mark(p.forward), mark(p.reverse), mark(p.lock), mark(p.canonical), (p.tree or "-")[:12])
+        err.print(table)
+        for label, comparison in (("forward", proof.forward), ("reverse", proof.reverse)):
+            d = comparison.as_dict()
+            say(f"{label}: " + ("[green]identical[/]" if comparison.identical else
+                                f"[red]differs[/] (differing {d['differing']}, only live {d['only_live']}, only fresh {d['only_fresh']})"))
+        for p in proof.patches:
+            for problem in p.problems:
+                say(f"[red]{p.name}[/]: {problem}")
+        for problem in proof.problems:
+            say(f"[red]problem[/]: {problem}")
+        say(("[green]ok[/]" if proof.ok else "[red]FAILED[/]") + f" in {proof.seconds:.2f} s")
+    if not proof.ok:
+        raise typer.Exit(VerificationFailed.exit_code)

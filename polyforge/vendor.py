@@ -1,0 +1,155 @@
+"""`polyforge vendor`: materialise the pinned baseline, report on it, pack it for carrying.
+
+fetch: extract a source into a fresh folder beside vendor/llama.cpp, prove its tree id
+against the pin (the full tree, or the pruned pack tree), make it the vendored
+repository, and only then swap it in. An existing tree with live edits is never
+overwritten: --force moves it into vendor/backups/ and says where.
+"""
+
+from __future__ import annotations
+
+import lzma
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .chain import Chain, prune_tree
+from .errors import BadInput, EnvironmentProblem, PolyforgeError, VerificationFailed
+from .hashing import sha256_file
+from .source import adhoc_source, materialise
+from .vendored import VendoredTree
+
+
+@dataclass
+class FetchResult:
+    source: str
+    detail: str
+    tree: str
+    pruned: bool
+    seconds: float
+    skipped: list[str]
+    backup: str | None = None
+    already: bool = False
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _incoming(project_vendor: Path) -> Path:
+    path = project_vendor / f".incoming-{int(time.time() * 1000)}"
+    path.mkdir(parents=True)
+    return path
+
+
+def fetch(chain: Chain, source: str | None = None, force: bool = False) -> FetchResult:
+    started = time.monotonic()
+    project, pin, tree = chain.project, chain.pin, chain.tree
+    if tree.exists() and not force:
+        base = tree.baseline_tree()
+        if base in (pin.tree, pin.pack_tree):
+            return FetchResult("existing", str(tree.path), base, base == pin.pack_tree and base != pin.tree,
+                               time.monotonic() - started, [], already=True)
+        raise VerificationFailed(f"the vendored baseline {base} is not the pin's {pin.tree}",
+                                 hint="polyforge vendor fetch --force re-vendors (live edits are backed up)")
+    if source is None:
+        candidates = list(pin.sources)
+    else:
+        try:
+            candidates = [pin.source(source)]
+        except BadInput:
+            candidates = [adhoc_source(Path(source).expanduser().resolve())]
+    skipped: list[str] = []
+    for candidate in candidates:
+        incoming = _incoming(project.vendor_dir)
+        try:
+            detail = materialise(candidate, pin, incoming, skip=set())
+            fresh = VendoredTree.initialise(incoming)
+            got = fresh.snapshot()
+            pruned = False
+            if got != pin.tree:
+                if pin.pack_tree and got == pin.pack_tree:
+                    pruned = True
+                else:
+                    raise VerificationFailed(
+                        f"source '{candidate.name}' yields tree {got}, the pin says {pin.tree}"
+                        + (f" (or {pin.pack_tree} pruned)" if pin.pack_tree else ""))
+            fresh.commit_baseline(f"llama.cpp {pin.release} ({pin.commit[:12]}) from {candidate.name}")
+            fresh.write_state(source=candidate.name, detail=detail, pruned=pruned)
+        except EnvironmentProblem as exc:
+            shutil.rmtree(incoming, ignore_errors=True)
+            skipped.append(f"{candidate.name}: {exc.message}")
+            if source is not None:
+                raise
+            continue
+        except (PolyforgeError, KeyboardInterrupt):
+            shutil.rmtree(incoming, ignore_errors=True)
+            raise
+        backup = _swap_in(chain, incoming)
+        return FetchResult(candidate.name, detail, got, pruned, time.monotonic() - started, skipped, backup)
+    raise EnvironmentProblem("no source could be fetched: " + "; ".join(skipped))
+
+
+def _swap_in(chain: Chain, incoming: Path) -> str | None:
+    target = chain.project.tree_dir
+    backup = None
+    if target.exists():
+        old = VendoredTree(target)
+        dirty = True
+        if old.exists():
+            try:
+                dirty = bool(chain.live_changes()) or bool(old.applied())
+            except PolyforgeError:
+                dirty = True
+        if dirty:
+            chain.project.backups_dir.mkdir(parents=True, exist_ok=True)
+            dest = chain.project.backups_dir / f"llama.cpp-{time.strftime('%Y%m%d-%H%M%S')}"
+            target.rename(dest)
+            backup = str(dest)
+        else:
+            shutil.rmtree(target)
+    incoming.rename(target)
+    return backup
+
+
+def status(chain: Chain) -> dict:
+    pin, tree = chain.pin, chain.tree
+    info: dict = {"pin": {"release": pin.release, "commit": pin.commit, "tree": pin.tree,
+                          "sources": [s.name for s in pin.sources]}, "vendored": tree.exists()}
+    if not tree.exists():
+        info["ok"] = False
+        return info
+    base = tree.baseline_tree()
+    state = tree.state()
+    info.update(baseline_tree=base, baseline_ok=base == chain.expected_base(), pruned=bool(state.get("pruned")),
+                source=state.get("source"), detail=state.get("detail"))
+    info["ok"] = info["baseline_ok"]
+    return info
+
+
+def pack(chain: Chain, out: Path, patched: bool = False, prune: bool = True) -> dict:
+    """Write a tar.xz of the baseline (or the live tree with --patched), pruned by default."""
+    tree = chain.tree
+    tree.require()
+    if out.suffixes[-2:] != [".tar", ".xz"]:
+        raise BadInput(f"{out}: the pack must be a .tar.xz file")
+    git = tree.git
+    if patched:
+        chain.require_clean("pack --patched")
+        source_tree = tree.head_tree()
+    else:
+        source_tree = tree.baseline_tree()
+    prune_list = chain.pin.pack_prune if prune else ()
+    packed_tree = prune_tree(git, source_tree, prune_list) if prune_list else source_tree
+    if prune and not patched and chain.pin.pack_tree and packed_tree != chain.pin.pack_tree:
+        raise VerificationFailed(f"pruned baseline {packed_tree} is not the pin's pack.tree {chain.pin.pack_tree}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # archive a commit (fixed dates) rather than a tree, so every file gets the same mtime
+    # and the same inputs give the same bytes
+    commit = git.commit_tree(packed_tree, f"polyforge pack of {packed_tree}")
+    data = git.run_bytes("archive", "--format=tar", "--prefix=llama.cpp/", commit)
+    partial = out.with_name(out.name + ".part")
+    partial.write_bytes(lzma.compress(data, preset=6))
+    partial.replace(out)
+    return {"path": str(out), "tree": packed_tree, "pruned": list(prune_list), "patched": patched,
+            "sha256": sha256_file(out), "bytes": out.stat().st_size}
