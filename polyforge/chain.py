@@ -97,7 +97,7 @@ def apply_in_index(index: Git, patch: Patch, *, reverse: bool = False, allow_off
     args = ["apply", "--cached", "-v", "--whitespace=nowarn"]
     if reverse:
         args.append("--reverse")
-    status, _, err = index.run_full(*args, str(patch.path))
+    status, _, err = index.run_full(*args, str(patch.path), check=False)
     if status != 0:
         lines = [ln.strip() for ln in err.splitlines() if ln.startswith(("error:", "fatal:"))]
         return StepResult(patch.name, False, error="; ".join(lines) or err.strip().splitlines()[-1])

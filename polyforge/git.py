@@ -113,7 +113,7 @@ class Git:
         return self.run("rev-parse", "--verify", "--quiet", rev)
 
     def try_rev_parse(self, rev: str) -> str | None:
-        status, out, _ = self.run_full("rev-parse", "--verify", "--quiet", rev)
+        status, out, _ = self.run_full("rev-parse", "--verify", "--quiet", rev, check=False)
         return out.strip() if status == 0 else None
 
     def tree_of(self, rev: str) -> str:

@@ -181,7 +181,7 @@ def _fetch_git(url: str, commit: str, dest: Path) -> None:
         exporter = bare.with_index(index)
         try:
             exporter.run("read-tree", commit)
-            exporter.run("checkout-index", "-a", "-f", f"--prefix={dest}/")
+            exporter.run(f"--work-tree={dest}", "checkout-index", "-a", "-f")
         finally:
             index.unlink(missing_ok=True)
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from .chain import Chain, prune_tree
 from .errors import BadInput, EnvironmentProblem, PolyforgeError, VerificationFailed
+from .filelock import FileLock
 from .hashing import sha256_file
+from .project import cache_dir
 from .source import adhoc_source, materialise
 from .vendored import VendoredTree
 
@@ -60,6 +62,12 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
         except BadInput:
             candidates = [adhoc_source(Path(source).expanduser().resolve())]
     skipped: list[str] = []
+    if source is None:
+        hit = _from_baseline_cache(chain)
+        if hit is not None:
+            backup = _swap_in(chain, hit)
+            return FetchResult("cache", str(_baseline_cache(pin.tree)), pin.tree, False,
+                               time.monotonic() - started, [], backup)
     for candidate in candidates:
         incoming = _incoming(project.vendor_dir)
         try:
@@ -76,6 +84,8 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
                         + (f" (or {pin.pack_tree} pruned)" if pin.pack_tree else ""))
             fresh.commit_baseline(f"llama.cpp {pin.release} ({pin.commit[:12]}) from {candidate.name}")
             fresh.write_state(source=candidate.name, detail=detail, pruned=pruned)
+            if not pruned:
+                _store_baseline_cache(fresh, got)
         except EnvironmentProblem as exc:
             shutil.rmtree(incoming, ignore_errors=True)
             skipped.append(f"{candidate.name}: {exc.message}")
@@ -88,6 +98,48 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
         backup = _swap_in(chain, incoming)
         return FetchResult(candidate.name, detail, got, pruned, time.monotonic() - started, skipped, backup)
     raise EnvironmentProblem("no source could be fetched: " + "; ".join(skipped))
+
+
+def _baseline_cache(tree: str) -> Path:
+    return cache_dir() / "baselines" / tree
+
+
+def _store_baseline_cache(fresh: VendoredTree, tree: str) -> None:
+    """Keep the verified baseline's git objects: the next fetch needs no download or hashing."""
+    folder = _baseline_cache(tree)
+    with FileLock(cache_dir() / "baselines.lock", "baseline cache", blocking=True):
+        if (folder / "complete").exists():
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(fresh.path / ".git" / "objects", folder / "objects")
+        (folder / "complete").write_text(tree + "\n")
+
+
+def _from_baseline_cache(chain: Chain) -> Path | None:
+    """A vendored repository rebuilt from cached objects, or None on a miss.
+
+    The objects were stored only after their tree id was proven; zlib's checksum on every
+    loose object catches corruption on read, and the tree id is checked again here.
+    """
+    folder = _baseline_cache(chain.pin.tree)
+    if not (folder / "complete").exists():
+        return None
+    incoming = _incoming(chain.project.vendor_dir)
+    try:
+        with FileLock(cache_dir() / "baselines.lock", "baseline cache", blocking=True):
+            fresh = VendoredTree.initialise(incoming)
+            shutil.copytree(folder / "objects", incoming / ".git" / "objects", dirs_exist_ok=True)
+        fresh.git.read_tree(chain.pin.tree)
+        fresh.git.run("checkout-index", "-a", "-f", "-u")
+        if fresh.snapshot() != chain.pin.tree:
+            raise VerificationFailed("cached baseline does not reproduce the pinned tree")
+        fresh.commit_baseline(f"llama.cpp {chain.pin.release} ({chain.pin.commit[:12]}) from the baseline cache")
+        fresh.write_state(source="cache", detail=str(folder), pruned=False)
+        return incoming
+    except (PolyforgeError, OSError):
+        shutil.rmtree(incoming, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)  # a bad cache entry is dropped; sources are tried next
+        return None
 
 
 def _swap_in(chain: Chain, incoming: Path) -> str | None:

@@ -1,0 +1,3 @@
+from polyforge.cli import main
+
+main()

@@ -1,0 +1,415 @@
+"""`polyforge build`: build the vendored (patched) tree out of tree, keyed by its inputs.
+
+The build directory is build/<kind>-<key>, where key digests
+  - the baseline tree id (a pin bump changes it),
+  - the applied chain: patch names and sha256 in order (a patch change changes it),
+  - the build options (cuda, architectures, type, FA quant pairs, -D values),
+  - the toolchain: C and C++ compiler, nvcc (for --cuda) and cmake versions.
+A new key gets a fresh CMake cache, so nothing is sticky (CMAKE_CUDA_ARCHITECTURES in
+particular). An unchanged key reuses the directory; live edits in the vendored tree that
+no patch captures yet are rebuilt incrementally by ninja there, and the manifest records
+the live tree id they were built from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from . import cmake, proc
+from .errors import BadInput, EnvironmentProblem, VerificationFailed
+from .filelock import FileLock
+from .hashing import sha256_bytes, sha256_file
+
+DEFAULT_TARGETS = ("ggml", "llama", "llama-server", "llama-cli", "llama-bench", "llama-perplexity",
+                   "test-backend-ops", "test-quantize-fns")
+BUILD_TYPES = ("Release", "Debug", "RelWithDebInfo")
+BUILD_CONFIG = "build.yaml"  # under gates/: the K/V pairs the chain needs, one place
+MANIFEST = "manifest.json"
+LOG = "build.log"
+_CONFIGURED = ".polyforge-configured"
+
+# Offline: the server UI would download prebuilt assets; FetchContent must never reach out.
+OFFLINE_ARGS = ("-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DFETCHCONTENT_FULLY_DISCONNECTED=ON")
+_DEFINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?::[A-Z]+)?=(.*)$")
+_ARCH = re.compile(r"^(?:sm_|compute_)?(\d{2,3}[a-z]?)(?:-(?:real|virtual))?$")
+_FA_TYPES = re.compile(r"set\s*\(\s*FA_TYPES\s+([^)]*)\)")
+
+
+class BuildFailed(VerificationFailed):
+    """The compiler or cmake failed (exit 1)."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    cuda: bool = False
+    archs: tuple[str, ...] = ()
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    build_type: str = "Release"
+    defines: tuple[tuple[str, str], ...] = ()
+    jobs: int | None = None
+
+    @staticmethod
+    def make(*, cuda: bool = False, arch: str | None = None, targets: list[str] | None = None,
+             build_type: str = "Release", defines: list[str] | None = None, jobs: int | None = None) -> "BuildOptions":
+        if build_type not in BUILD_TYPES:
+            raise BadInput(f"--type {build_type}: one of {', '.join(BUILD_TYPES)}")
+        archs: list[str] = []
+        for item in filter(None, re.split(r"[,;\s]+", arch or "")):
+            m = _ARCH.match(item.strip())
+            if not m:
+                raise BadInput(f"--arch {item}: not a CUDA architecture (e.g. 90, 90a, 120)")
+            archs.append(m.group(1))
+        if archs and not cuda:
+            raise BadInput("--arch needs --cuda")
+        parsed = []
+        for d in defines or []:
+            m = _DEFINE.match(d)
+            if not m:
+                raise BadInput(f"-D {d}: expected KEY=VALUE")
+            parsed.append((m.group(1), m.group(2)))
+        if jobs is not None and jobs < 1:
+            raise BadInput("--jobs must be at least 1")
+        return BuildOptions(cuda, tuple(archs), tuple(targets) if targets else DEFAULT_TARGETS, build_type,
+                            tuple(sorted(dict(parsed).items())), jobs)
+
+
+# -- the K/V pairs for GGML_CUDA_FA_QUANTS -------------------------------------------------
+def load_fa_pairs(gates_dir: Path) -> list[str]:
+    """The declared K/V pairs (gates/build.yaml: cuda.fa_quants), each '<type_K>-<type_V>'."""
+    path = gates_dir / BUILD_CONFIG
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise BadInput(f"{path} is missing (it declares the FlashAttention K/V pairs)") from None
+    except yaml.YAMLError as exc:
+        raise BadInput(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    pairs = (raw.get("cuda") or {}).get("fa_quants") if isinstance(raw, dict) else None
+    if not isinstance(pairs, list) or not pairs:
+        raise BadInput(f"{path}: cuda.fa_quants must be a non-empty list of <type_K>-<type_V>")
+    out = []
+    for pair in pairs:
+        if not isinstance(pair, str) or not re.match(r"^[a-z0-9_]+-[a-z0-9_]+$", pair.strip().lower()):
+            raise BadInput(f"{path}: fa_quants entry {pair!r} is not <type_K>-<type_V>")
+        out.append(pair.strip().lower())
+    return list(dict.fromkeys(out))
+
+
+def tree_fa_types(source_dir: Path) -> tuple[str, ...] | None:
+    """The KV types the tree's ggml/cmake/common.cmake accepts in GGML_CUDA_FA_QUANTS."""
+    try:
+        text = (source_dir / "ggml" / "cmake" / "common.cmake").read_text()
+    except FileNotFoundError:
+        return None
+    m = _FA_TYPES.search(text)
+    return tuple(m.group(1).split()) if m else None
+
+
+def fa_quants(pairs: list[str], types: tuple[str, ...] | None) -> tuple[str, list[str]]:
+    """GGML_CUDA_FA_QUANTS for the tree: the declared pairs whose both types the tree knows.
+
+    turbo* types exist only once their patch lands; against an earlier tree those pairs are
+    dropped (and reported) rather than failing CMake's check. Comma-separated: CMake accepts
+    ',' and ';' alike and ',' survives the command line unquoted.
+    """
+    if types is None:
+        return ",".join(pairs), []
+    kept = [p for p in pairs if all(t in types for t in p.split("-"))]
+    dropped = [p for p in pairs if p not in kept]
+    return ",".join(kept or ["f16-f16"]), dropped
+
+
+# -- toolchain -----------------------------------------------------------------------------
+def _compiler(var: str, default: str) -> str | None:
+    name = os.environ.get(var) or default
+    path = proc.which(name)
+    return os.path.realpath(path) if path else None
+
+
+def find_nvcc() -> str | None:
+    for candidate in (os.environ.get("CUDACXX"), proc.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def local_gpu_archs() -> list[str]:
+    """Compute capabilities of the local GPUs as CMake architectures ('9.0' -> '90')."""
+    smi = proc.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        done = proc.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=30)
+    except EnvironmentProblem:
+        return []
+    if done.returncode != 0:
+        return []
+    archs = []
+    for line in done.stdout.splitlines():
+        m = re.match(r"^\s*(\d+)\.(\d+)\s*$", line)
+        if m:
+            archs.append(f"{m.group(1)}{m.group(2)}")
+    return sorted(set(archs))
+
+
+def toolchain(cuda: bool) -> dict:
+    cc, cxx = _compiler("CC", "cc"), _compiler("CXX", "c++")
+    if cxx is None or cc is None:
+        raise EnvironmentProblem("no C/C++ compiler found (cc, c++ or $CC, $CXX)",
+                                 hint="install one, e.g. apt-get install build-essential")
+    info = {"cc": cc, "cc_version": cmake.tool_version(cc), "cxx": cxx, "cxx_version": cmake.tool_version(cxx),
+            "cmake_version": cmake.tool_version(cmake.find_cmake())}
+    if cuda:
+        nvcc = find_nvcc()
+        if nvcc is None:
+            raise EnvironmentProblem("--cuda needs nvcc, and none was found (PATH, $CUDACXX, /usr/local/cuda/bin)",
+                                     hint="install the CUDA toolkit or set CUDACXX")
+        info["nvcc"] = nvcc
+        info["nvcc_version"] = cmake.tool_version(nvcc, lines=2)
+    return info
+
+
+def ccache_env(project_root: Path, toolchain_info: dict) -> dict[str, str]:
+    """Environment for ccache, or {} when it is not installed.
+
+    ccache already hashes the preprocessed input and the flags, so a patch that changes
+    one file misses only the objects that file reaches. Namespacing the cache by the whole
+    key would throw that away (every patch change would miss everything), so the namespace
+    is the toolchain alone: entries of different compilers never hit each other anyway,
+    and the namespace lets one evict a retired toolchain's entries
+    (ccache --evict-namespace). BASEDIR is the project root, the common ancestor of the
+    source tree and every build directory, so both the source paths and the generated
+    include paths under build/<key>/ become relative and identical across keys.
+    """
+    if proc.which("ccache") is None:
+        return {}
+    digest = sha256_bytes(json.dumps(toolchain_info, sort_keys=True).encode())[:12]
+    return {"CCACHE_BASEDIR": str(project_root), "CCACHE_NAMESPACE": f"polyforge-{digest}"}
+
+
+# -- the plan ------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    key: str
+    build_dir: Path
+    source_dir: Path
+    inputs: dict
+    cache_args: list[str]
+    targets: list[str]
+    jobs: int | None
+    env: dict[str, str]
+    live_tree: str
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"key": self.key, "build_dir": str(self.build_dir), "source_dir": str(self.source_dir),
+                "inputs": self.inputs, "cache_args": self.cache_args, "targets": self.targets,
+                "jobs": self.jobs, "env": self.env, "live_tree": self.live_tree, "notes": self.notes,
+                "configured": (self.build_dir / _CONFIGURED).is_file()}
+
+
+def chain_digest(applied: list[tuple[str, str]]) -> str:
+    return sha256_bytes("".join(f"{name} {sha}\n" for name, sha in applied).encode())
+
+
+def plan(chain, options: BuildOptions) -> Plan:
+    """Everything the build will do, computed from the chain and options; runs nothing but
+    version probes and a snapshot of the live tree."""
+    tree = chain.tree
+    tree.require()
+    project = chain.project
+    source = tree.path
+    applied = [(a.name, a.sha256) for a in tree.applied()]
+    tools = toolchain(options.cuda)
+    notes: list[str] = []
+    defines = dict(options.defines)
+    cache_args = [f"-DCMAKE_BUILD_TYPE={options.build_type}", "-DBUILD_SHARED_LIBS=ON", *OFFLINE_ARGS,
+                  f"-DCMAKE_C_COMPILER={tools['cc']}", f"-DCMAKE_CXX_COMPILER={tools['cxx']}"]
+    option_inputs: dict = {"cuda": options.cuda, "build_type": options.build_type}
+    if options.cuda:
+        archs = list(options.archs)
+        if not archs:
+            archs = local_gpu_archs()
+            if not archs:
+                raise EnvironmentProblem("--cuda: no GPU found to take the compute capability from",
+                                         hint="pass --arch, e.g. --arch 90 for an H100/H200")
+            notes.append(f"architectures from the local GPU: {','.join(archs)}")
+        if "GGML_CUDA_FA_QUANTS" in defines:
+            quants, dropped = defines.pop("GGML_CUDA_FA_QUANTS"), []
+        else:
+            quants, dropped = fa_quants(load_fa_pairs(project.gates_dir), tree_fa_types(source))
+        if dropped:
+            notes.append(f"FA pairs the tree's ggml does not know yet, left out: {', '.join(dropped)}")
+        cache_args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
+                       f"-DGGML_CUDA_FA_QUANTS={quants}", f"-DCMAKE_CUDA_COMPILER={tools['nvcc']}"]
+        option_inputs.update(archs=archs, fa_quants=quants)
+    else:
+        cache_args.append("-DGGML_CUDA=OFF")
+    env = ccache_env(project.root, tools)
+    if env:
+        launchers = ["C", "CXX"] + (["CUDA"] if options.cuda else [])
+        cache_args.append("-DGGML_CCACHE=OFF")  # ggml's own launcher would bypass our env
+        cache_args += [f"-DCMAKE_{lang}_COMPILER_LAUNCHER={proc.which('ccache')}" for lang in launchers]
+    else:
+        cache_args.append("-DGGML_CCACHE=OFF")
+        notes.append("ccache not installed: every fresh key compiles from scratch")
+    cache_args += [f"-D{k}={v}" for k, v in sorted(defines.items())]
+    option_inputs["defines"] = dict(sorted(defines.items()))
+    inputs = {
+        "baseline_tree": tree.baseline_tree(),
+        "chain": [{"name": n, "sha256": s} for n, s in applied],
+        "chain_digest": chain_digest(applied),
+        "options": option_inputs,
+        "toolchain": tools,
+    }
+    keyed = {k: inputs[k] for k in ("baseline_tree", "chain_digest", "options", "toolchain")}
+    key = ("cuda-" if options.cuda else "cpu-") + sha256_bytes(json.dumps(keyed, sort_keys=True).encode())[:12]
+    return Plan(key, project.build_root / key, source, inputs, cache_args, list(options.targets),
+                options.jobs, env, tree.snapshot(), notes)
+
+
+# -- running it ----------------------------------------------------------------------------
+@dataclass
+class BuildResult:
+    plan: Plan
+    manifest: dict
+    configured: bool
+    seconds: float
+
+
+def _artifacts(bin_dir: Path, previous: dict[str, dict]) -> list[dict]:
+    """Every shared library and executable under bin/, with sha256 and size (a file whose
+    size and mtime match the previous manifest keeps its hash: no-op rebuilds stay fast)."""
+    found = []
+    if not bin_dir.is_dir():
+        return found
+    for path in sorted(bin_dir.iterdir()):
+        if path.is_symlink() or not path.is_file():
+            continue
+        is_lib = ".so" in path.name or path.suffix in (".dylib", ".dll")
+        if not is_lib and not os.access(path, os.X_OK):
+            continue
+        st = path.stat()
+        old = previous.get(path.name)
+        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
+            digest = old["sha256"]
+        else:
+            digest = sha256_file(path)
+        found.append({"name": path.name, "path": str(path.relative_to(bin_dir.parent)),
+                      "kind": "library" if is_lib else "binary", "size": st.st_size, "sha256": digest,
+                      "mtime_ns": st.st_mtime_ns})
+    return found
+
+
+def read_manifest(build_dir: Path) -> dict | None:
+    try:
+        return json.loads((build_dir / MANIFEST).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
+        on_progress: Callable[[int, int, str], None] | None = None) -> BuildResult:
+    """Configure if this key has no CMake cache yet, then build the targets with ninja."""
+    started = time.monotonic()
+    build_dir = plan_.build_dir
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log = build_dir / LOG
+    with FileLock(build_dir / ".lock", f"build {plan_.key}"):
+        configured = False
+        if not (build_dir / _CONFIGURED).is_file():
+            log.write_text("")
+            (build_dir / "CMakeCache.txt").unlink(missing_ok=True)  # a half-configured cache is not reused
+            status = cmake.configure(plan_.source_dir, build_dir, plan_.cache_args, log_path=log,
+                                     env=plan_.env, on_line=on_line)
+            if status != 0:
+                _fail("cmake configure failed", log)
+            (build_dir / _CONFIGURED).write_text(json.dumps(plan_.cache_args) + "\n")
+            configured = True
+        known = cmake.known_targets(build_dir, env=plan_.env)
+        unknown = [t for t in plan_.targets if t not in known]
+        if unknown:
+            raise BadInput(f"unknown build target(s): {', '.join(unknown)}",
+                           hint="polyforge build --print-plan shows the defaults; ninja -C BUILD_DIR -t targets lists all")
+        progress = cmake.Progress(on_progress)
+
+        def line_seen(line: str) -> None:
+            progress(line)
+            if on_line is not None:
+                on_line(line)
+
+        status = cmake.build(build_dir, plan_.targets, jobs=plan_.jobs, log_path=log, env=plan_.env,
+                             on_line=line_seen)
+        if status != 0:
+            _fail("build failed", log)
+        previous = {a["name"]: a for a in (read_manifest(build_dir) or {}).get("artifacts", [])}
+        old_targets = (read_manifest(build_dir) or {}).get("targets", [])
+        manifest = {
+            "key": plan_.key,
+            "build_dir": str(build_dir),
+            "inputs": plan_.inputs,
+            "cache_args": plan_.cache_args,
+            "live_tree": plan_.live_tree,
+            "targets": sorted(set(old_targets) | set(plan_.targets)),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "log": str(log),
+            "artifacts": _artifacts(build_dir / "bin", previous),
+        }
+        tmp = build_dir / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        tmp.replace(build_dir / MANIFEST)
+    return BuildResult(plan_, manifest, configured, time.monotonic() - started)
+
+
+def _fail(what: str, log: Path) -> None:
+    first = cmake.first_error(log.read_text(errors="replace"))
+    detail = f": {first}" if first else ""
+    raise BuildFailed(f"{what}{detail} (full log: {log})")
+
+
+def list_builds(build_root: Path) -> list[dict]:
+    rows = []
+    if not build_root.is_dir():
+        return rows
+    for folder in sorted(build_root.iterdir()):
+        if not folder.is_dir():
+            continue
+        manifest = read_manifest(folder)
+        if manifest is None:
+            state = "configured, not built" if (folder / _CONFIGURED).is_file() else "incomplete"
+            rows.append({"key": folder.name, "state": state, "build_dir": str(folder)})
+            continue
+        inputs = manifest.get("inputs", {})
+        rows.append({"key": manifest["key"], "state": "built", "build_dir": str(folder),
+                     "built_at": manifest.get("built_at"), "options": inputs.get("options"),
+                     "chain": [c["name"] for c in inputs.get("chain", [])],
+                     "baseline_tree": inputs.get("baseline_tree"), "live_tree": manifest.get("live_tree"),
+                     "artifacts": len(manifest.get("artifacts", []))})
+    return rows
+
+
+def find_build(build_root: Path, key: str) -> dict:
+    """The manifest of a finished build by key (or unique key prefix)."""
+    matches = [f for f in build_root.iterdir() if f.is_dir() and f.name.startswith(key)] if build_root.is_dir() else []
+    if len(matches) != 1:
+        raise BadInput(f"--build {key}: " + ("no such build" if not matches else "ambiguous key"),
+                       hint="polyforge build --list shows the builds")
+    manifest = read_manifest(matches[0])
+    if manifest is None:
+        raise BadInput(f"--build {key}: that build never finished", hint="run polyforge build again")
+    return manifest
+
+
+def binary(manifest: dict, name: str) -> Path:
+    path = Path(manifest["build_dir"]) / "bin" / name
+    if not path.is_file():
+        raise BadInput(f"build {manifest['key']} has no {name}",
+                       hint=f"polyforge build --target {name}")
+    return path

@@ -1,0 +1,96 @@
+"""polyforge build|doctor|models|gate|bench|up"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .. import build as build_lib
+from ..chain import Chain
+from ..console import err
+from ..project import find_project
+from . import app
+from .render import emit_json, say
+
+
+def run_build(chain: Chain, options: build_lib.BuildOptions, *, quiet: bool = False) -> build_lib.BuildResult:
+    """Plan and run a build with a progress bar on stderr (shared by build, gate, up)."""
+    with chain.locked():
+        plan = build_lib.plan(chain, options)
+    for note in plan.notes:
+        say(f"[yellow]note[/] {note}")
+    say(f"build {plan.key} -> {plan.build_dir}")
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("[dim]{task.fields[what]}"), console=err, transient=True,
+                   disable=quiet or not err.is_terminal)
+    plain = {"last": -1}
+
+    def on_progress(done: int, total: int, what: str) -> None:
+        bar.update(task, completed=done, total=total, what=what[-60:])
+        if not err.is_terminal and not quiet and total and (done * 10 // total) != plain["last"]:
+            plain["last"] = done * 10 // total
+            say(f"  [{done}/{total}] {what[:100]}")
+
+    with bar:
+        task = bar.add_task("building", total=None, what="")
+        result = build_lib.run(plan, on_progress=on_progress)
+    return result
+
+
+@app.command()
+def build(
+    cuda: bool = typer.Option(False, "--cuda", help="Build the CUDA backend (GGML_CUDA=ON)."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="CUDA architectures, e.g. 90 or 90,120 (default: the local GPU's)."),
+    target: Optional[List[str]] = typer.Option(None, "--target", help="Build these targets instead of the defaults."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile jobs (ninja's default otherwise)."),
+    build_type: str = typer.Option("Release", "--type", help="Release, Debug or RelWithDebInfo."),
+    define: Optional[List[str]] = typer.Option(None, "-D", help="Extra CMake cache entry KEY=VALUE (part of the key)."),
+    print_plan: bool = typer.Option(False, "--print-plan", help="Show the key, directory and cmake arguments; build nothing."),
+    list_: bool = typer.Option(False, "--list", help="List the builds under build/."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Build the vendored tree (with the applied chain) out of tree, keyed by its inputs."""
+    project = find_project()
+    if list_:
+        rows = build_lib.list_builds(project.build_root)
+        if json_out:
+            emit_json(rows)
+            return
+        table = Table(show_header=True, header_style="bold", box=None)
+        for col in ("key", "state", "built at", "patches", "options", "artifacts"):
+            table.add_column(col)
+        for r in rows:
+            opts = r.get("options") or {}
+            desc = ("cuda " + ",".join(opts.get("archs", [])) if opts.get("cuda") else "cpu") + f" {opts.get('build_type', '')}"
+            table.add_row(r["key"], r["state"], r.get("built_at") or "-", str(len(r.get("chain", []))),
+                          desc if opts else "-", str(r.get("artifacts", "-")))
+        err.print(table) if rows else say("no builds yet")
+        return
+    options = build_lib.BuildOptions.make(cuda=cuda, arch=arch, targets=target, build_type=build_type,
+                                          defines=define, jobs=jobs)
+    chain = Chain(project)
+    if print_plan:
+        with chain.locked():
+            plan = build_lib.plan(chain, options)
+        if json_out:
+            emit_json(plan.as_dict())
+        else:
+            d = plan.as_dict()
+            say(f"key        {d['key']}\nbuild dir  {d['build_dir']} ({'configured' if d['configured'] else 'new'})")
+            say(f"chain      {len(d['inputs']['chain'])} applied patch(es), baseline {d['inputs']['baseline_tree'][:12]}")
+            say(f"targets    {' '.join(d['targets'])}")
+            say("cmake      " + " ".join(d["cache_args"]))
+            for note in d["notes"]:
+                say(f"note       {note}")
+        return
+    result = run_build(chain, options, quiet=json_out)
+    if json_out:
+        emit_json({"ok": True, "configured": result.configured, "seconds": round(result.seconds, 2), **result.manifest})
+        return
+    libs = [a for a in result.manifest["artifacts"] if a["kind"] == "library"]
+    say(f"[green]ok[/] {result.plan.key}: {len(libs)} libraries, "
+        f"{len(result.manifest['artifacts']) - len(libs)} binaries in {result.seconds:.1f} s"
+        f"{' (configured)' if result.configured else ''}; manifest {result.plan.build_dir / build_lib.MANIFEST}")

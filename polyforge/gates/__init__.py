@@ -1,0 +1,1 @@
+"""Gates: declared in gates/*.yaml, run by polyforge.gates.runner, one module per kind."""

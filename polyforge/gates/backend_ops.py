@@ -1,0 +1,64 @@
+"""backend-ops: test-backend-ops [MODE] -o OP [-p PATTERN] -b BACKEND; pass/fail/skip counts.
+
+params: op (required), pattern, backend (default CPU), mode (test|grad, default test).
+metrics: passed, failed, skipped (not supported or skipped for speed), total, exit_code.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ._common import need, only, run_logged, strip_ansi
+from ..errors import VerificationFailed
+
+_CASE = re.compile(r"^\s+([A-Z0-9_]+)\((.*)\):\s*(.*)$")
+_SUMMARY = re.compile(r"^\s*(\d+)/(\d+) tests passed")
+
+
+def validate(params: dict, where: str, models: tuple[str, ...]) -> dict:
+    only(params, {"op", "pattern", "backend", "mode"}, where)
+    out = {"op": need(params, "op", str, where, required=True),
+           "pattern": need(params, "pattern", str, where),
+           "backend": need(params, "backend", str, where, "CPU"),
+           "mode": need(params, "mode", str, where, "test")}
+    if out["mode"] not in ("test", "grad"):
+        from ..errors import BadInput
+        raise BadInput(f"{where}: params.mode must be test or grad")
+    return out
+
+
+def parse(text: str) -> dict:
+    passed = failed = skipped = 0
+    summary_total = None
+    for line in strip_ansi(text).splitlines():
+        m = _CASE.match(line)
+        if m:
+            status = m.group(3)
+            if status.endswith("OK"):
+                passed += 1
+            elif "FAIL" in status:
+                failed += 1
+            elif "not supported" in status or "skipping" in status:
+                skipped += 1
+            continue
+        s = _SUMMARY.match(line)
+        if s:
+            summary_total = (summary_total or 0) + int(s.group(2))
+    return {"passed": passed, "failed": failed, "skipped": skipped, "total": passed + failed + skipped,
+            "reported_total": summary_total}
+
+
+def run(ctx) -> dict:
+    p = ctx.gate.params
+    argv = [ctx.bin("test-backend-ops"), p["mode"], "-o", p["op"], "-b", p["backend"]]
+    if p["pattern"]:
+        argv += ["-p", p["pattern"]]
+    log = ctx.work_dir / "test-backend-ops.log"
+    ctx.log(f"running {' '.join(map(str, argv[1:]))}")
+    done = run_logged(argv, log, ctx.gate.timeout, env=ctx.env)
+    metrics = parse(done.stdout)
+    metrics["exit_code"] = done.returncode
+    if metrics["total"] == 0 and done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
+        raise VerificationFailed(f"test-backend-ops failed with exit {done.returncode}: {last} (log: {log})")
+    return metrics

@@ -1,0 +1,70 @@
+"""command: run a test binary or a script and read its result.
+
+params: argv (list; placeholders {bin:NAME} {model:NAME} {data:PATH} {root} {gates}
+{build} {work}; a leading "python" means this interpreter), parse: json | counts | exit.
+  json:   the last stdout line that is a JSON object; its "metrics" mapping (or the whole
+          object) becomes the metrics, and its "ok" becomes the metric ok
+  counts: "N passed, M failed" (last occurrence) gives passed and failed
+  exit:   nothing but the exit status
+metrics always include exit_code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from ..errors import BadInput
+from ._common import need, only, run_logged, str_list
+
+_COUNTS = re.compile(r"(\d+)\s+passed,\s*(\d+)\s+failed")
+
+
+def validate(params: dict, where: str, models: tuple[str, ...]) -> dict:
+    only(params, {"argv", "parse"}, where)
+    argv = str_list(params, "argv", where)
+    if not argv:
+        raise BadInput(f"{where}: params.argv must be a non-empty list")
+    parse = need(params, "parse", str, where, "exit")
+    if parse not in ("json", "counts", "exit"):
+        raise BadInput(f"{where}: params.parse must be json, counts or exit")
+    for model in re.findall(r"\{model:([^{}]+)\}", " ".join(argv)):
+        if model not in models:
+            raise BadInput(f"{where}: {{model:{model}}} must be listed under 'models'")
+    return {"argv": argv, "parse": parse}
+
+
+def parse_output(stdout: str, mode: str) -> dict:
+    if mode == "json":
+        for line in reversed(stdout.splitlines()):
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                metrics = dict(obj["metrics"]) if isinstance(obj.get("metrics"), dict) else dict(obj)
+                if "ok" in obj:
+                    metrics["ok"] = bool(obj["ok"])
+                return metrics
+        return {}
+    if mode == "counts":
+        found = _COUNTS.findall(stdout)
+        if found:
+            passed, failed = found[-1]
+            return {"passed": int(passed), "failed": int(failed)}
+        return {}
+    return {}
+
+
+def run(ctx) -> dict:
+    p = ctx.gate.params
+    argv = [ctx.substitute(a) for a in p["argv"]]
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    ctx.log(f"running {' '.join(argv)}")
+    done = run_logged(argv, ctx.work_dir / "command.log", ctx.gate.timeout, cwd=ctx.project_root, env=ctx.env)
+    metrics = parse_output(done.stdout, p["parse"])
+    metrics["exit_code"] = done.returncode
+    return metrics

@@ -1,0 +1,173 @@
+"""The orchestration above the engine: a gate with its build and models, and `up`, the whole
+pipeline: fetch -> apply -> verify-patches -> build -> gates, stopping at the first failure.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import build as build_lib
+from . import models as models_lib
+from . import vendor as vendor_lib
+from . import verify as verify_lib
+from .chain import Chain
+from .errors import BadInput, PolyforgeError, VerificationFailed
+from .gates import runner
+
+Log = Callable[[str], None]
+BuildFn = Callable[[Chain, build_lib.BuildOptions], build_lib.BuildResult]
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def default_build(chain: Chain, options: build_lib.BuildOptions) -> build_lib.BuildResult:
+    with chain.locked():
+        plan = build_lib.plan(chain, options)
+    return build_lib.run(plan)
+
+
+def gate_options(gate: runner.Gate, options: build_lib.BuildOptions) -> build_lib.BuildOptions:
+    """The run's options, building only what the gate needs (same key: targets are not in it)."""
+    targets = gate.build.targets or options.targets
+    return build_lib.BuildOptions(options.cuda, options.archs, tuple(targets), options.build_type,
+                                  options.defines, options.jobs)
+
+
+def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None = None, build_key: str | None = None,
+             log: Log = _quiet, build_fn: BuildFn = default_build, find_links: Path | None = None) -> dict:
+    """Build (incrementally, or take --build KEY as it is), fetch models, run, judge."""
+    project = chain.project
+    gate = runner.find(project.gates_dir, name)
+    options = options or build_lib.BuildOptions()
+    if build_key is not None:
+        manifest = build_lib.find_build(project.build_root, build_key)
+        cuda = bool(manifest["inputs"]["options"].get("cuda"))
+        for target in gate.build.targets:
+            build_lib.binary(manifest, target)  # present, or a clear error
+    else:
+        cuda = options.cuda
+        if not gate.applies_to(cuda):
+            raise BadInput(f"gate {name} needs a {gate.build.requires} build",
+                           hint="--cuda" if gate.build.requires == "cuda" else "run it without --cuda")
+        log(f"gate {name}: building {' '.join(gate.build.targets) or 'the default targets'}")
+        manifest = build_fn(chain, gate_options(gate, options)).manifest
+    if not gate.applies_to(cuda):
+        raise BadInput(f"gate {name} needs a {gate.build.requires} build; build {manifest['key']} is not one")
+    paths = {}
+    for model in gate.models:
+        fetched = models_lib.fetch(model, find_links=find_links, scripts_dir=project.scripts_dir,
+                                   vendored_tree=chain.tree.path)
+        log(f"model {model}: {'cached' if fetched.cached else 'fetched'} {fetched.path}")
+        paths[model] = fetched.path
+    build_dir = Path(manifest["build_dir"])
+    ctx = runner.GateContext(gate=gate, build_dir=build_dir, work_dir=build_dir / "gates" / name,
+                             gates_dir=project.gates_dir, project_root=project.root, models=paths, log=log)
+    verdict = runner.run_gate(ctx)
+    verdict["build"] = manifest["key"]
+    verdict["live_tree"] = manifest.get("live_tree")
+    return verdict
+
+
+# -- up ------------------------------------------------------------------------------------
+@dataclass
+class Step:
+    name: str
+    ok: bool
+    seconds: float
+    detail: dict = field(default_factory=dict)
+    error: str | None = None
+    exit_code: int = 0
+
+
+@dataclass
+class UpResult:
+    steps: list[Step]
+
+    @property
+    def ok(self) -> bool:
+        return all(s.ok for s in self.steps)
+
+    @property
+    def exit_code(self) -> int:
+        return next((s.exit_code for s in self.steps if not s.ok), 0)
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "exit_code": self.exit_code,
+                "steps": [{"step": s.name, "ok": s.ok, "seconds": round(s.seconds, 2), "error": s.error, **s.detail}
+                          for s in self.steps]}
+
+
+def selected_gates(chain: Chain, names: list[str] | None, cuda: bool) -> list[str]:
+    """The named gates (checked to exist), or every gate that applies to this kind of build."""
+    if names:
+        for name in names:
+            runner.find(chain.project.gates_dir, name)
+        return names
+    return [g.name for g in runner.load_all(chain.project.gates_dir) if g.applies_to(cuda)]
+
+
+def up(chain: Chain, *, options: build_lib.BuildOptions, gates: list[str] | None = None, source: str | None = None,
+       log: Log = _quiet, build_fn: BuildFn = default_build, find_links: Path | None = None,
+       on_step: Callable[[Step], None] | None = None) -> UpResult:
+    """fetch -> apply -> verify-patches -> build -> gates; stops at the first failure."""
+    names = selected_gates(chain, gates, options.cuda)  # bad gate names fail before any work
+    steps: list[Step] = []
+
+    def step(name: str, action: Callable[[], tuple[bool, dict, str | None]]) -> bool:
+        started = time.monotonic()
+        log(f"== {name}")
+        try:
+            ok, detail, error = action()
+            code = 0 if ok else detail.pop("_exit_code", VerificationFailed.exit_code)
+        except PolyforgeError as exc:
+            ok, detail, error, code = False, {}, exc.message, exc.exit_code
+        result = Step(name, ok, time.monotonic() - started, detail, error, code)
+        steps.append(result)
+        if on_step is not None:
+            on_step(result)
+        return ok
+
+    def do_fetch():
+        with chain.locked():
+            fetched = vendor_lib.fetch(chain, source=source, force=False)
+        return True, {"tree": fetched.tree, "already": fetched.already}, None
+
+    def do_apply():
+        with chain.locked():
+            report = chain.apply(to=None)
+        return True, {"applied": [r["name"] for r in report if r["status"] == "applied"],
+                      "already": [r["name"] for r in report if r["status"] != "applied"]}, None
+
+    def do_verify():
+        with chain.locked():
+            proof = verify_lib.verify(chain)
+        problems = proof.problems + [f"{p.name}: {q}" for p in proof.patches for q in p.problems]
+        return proof.ok, {"patches": len(proof.patches)}, (problems[0] if problems else None)
+
+    def do_build():
+        result = build_fn(chain, options)
+        return True, {"key": result.plan.key, "configured": result.configured,
+                      "build_seconds": round(result.seconds, 2)}, None
+
+    def gate_action(name: str):
+        def action():
+            verdict = run_gate(chain, name, options=options, log=log, build_fn=build_fn, find_links=find_links)
+            failing = [e for e, r in verdict["thresholds"].items() if not r["ok"]]
+            error = verdict.get("error") or (f"threshold failed: {failing[0]}" if failing else None)
+            detail = {"verdict": verdict}
+            if "exit_code" in verdict:
+                detail["_exit_code"] = verdict["exit_code"]
+            return verdict["ok"], detail, error
+        return action
+
+    plan = [("fetch", do_fetch), ("apply", do_apply), ("verify-patches", do_verify), ("build", do_build)]
+    plan += [(f"gate {n}", gate_action(n)) for n in names]
+    for name, action in plan:
+        if not step(name, action):
+            break
+    return UpResult(steps)

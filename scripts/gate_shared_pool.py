@@ -1,0 +1,547 @@
+#!/usr/bin/env python3
+"""Gate `shared-pool`: shared read-only prompt-prefix pool across llama-server slots.
+
+Starts llama-server (127.0.0.1, free port) with `--parallel 9 --kv-unified`, prefills a
+~1k-token document with a needle into a pool slot, lets agents attend that single copy
+through `shared_pool_slot` / `shared_prefix_n_tokens`, and checks correctness, isolation,
+memory (KV cells from /metrics), fallback, errors and load.
+
+Stdlib only. Prints one verdict JSON on stdout, logs on stderr; exit 0 only when ok.
+"""
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+GATE = "shared-pool"
+
+THRESHOLDS = {
+    "n_agents": 8,
+    "max_abs_dprob_same_structure": 0.0,   # same batch structure: bit-exact
+    "max_abs_dprob_cold": 0.05,            # top-1 probability vs cold full-prompt run, before any divergence
+    "near_tie_margin": 0.10,               # a top-1 flip vs cold is tolerated only if top1-top2 < this (in either run)
+    "min_prefix_cell_ratio_n32": 30.0,     # document cells: naive N copies vs one shared copy
+    "min_total_cell_ratio_vs_ideal": 0.95, # measured total ratio / ideal N(P+s)/(P+Ns)
+    "load_requests": 64,
+}
+
+AGENTS = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf", "Hotel"]
+LOCKERS = [8213, 5527, 6391, 7048, 2964, 4183, 9752, 3606]
+NEEDLE_CODE = 4719
+
+
+def log(*a):
+    print("[gate]", *a, file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_document():
+    places = ["northern depot", "river terminal", "eastern warehouse", "hill station", "harbor office",
+              "southern yard", "central archive", "western gate", "old mill", "signal tower"]
+    goods = ["copper wire", "grain sacks", "glass panels", "tool kits", "paper rolls",
+             "oil drums", "timber beams", "cotton bales", "steel pipes", "salt blocks"]
+    paras = ["Quarterly field report of the Harrow Logistics cooperative. This document summarizes "
+             "deliveries, inspections and incidents recorded by the regional coordinators."]
+    for k in range(26):
+        p, g = places[k % len(places)], goods[(k * 3) % len(goods)]
+        paras.append(
+            f"Section {k + 1}. The {p} received {120 + 17 * k} crates of {g} during week {k % 13 + 1}. "
+            f"Inspector {['Moreau', 'Tanaka', 'Okafor', 'Lindqvist', 'Rossi'][k % 5]} noted that "
+            f"{(k * 7) % 23 + 2} crates were damaged and sent back for repair. Storage levels stayed "
+            f"at {55 + (k * 11) % 40} percent and no further action was required.")
+        if k == 13:
+            paras.append(f"Security notice: the vault access code is {NEEDLE_CODE}. "
+                         "It must not be written on any other document.")
+    return "\n\n".join(paras)
+
+
+def make_suffix(i):
+    name, locker = AGENTS[i], LOCKERS[i]
+    memo = f"\n\nPrivate memo for agent {name}: your locker number is {locker}.\n"
+    if i % 2 == 0:
+        q = "Question: What is the vault access code in the report, and what is your locker number?\nAnswer:"
+    else:
+        other = AGENTS[(i + 1) % len(AGENTS)]
+        q = f"Question: What is the locker number of agent {other}?\nAnswer:"
+    return memo + q
+
+
+class Server:
+    def __init__(self, binary, model, args, log_dir, name):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.name = name
+        self.slot_dir = tempfile.mkdtemp(prefix="slots-", dir=log_dir)
+        self.log_path = os.path.join(log_dir, f"{name}.log")
+        self.cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
+                    "--metrics", "--slot-save-path", self.slot_dir + "/"] + args
+        log(f"start {name}: {' '.join(shlex.quote(c) for c in self.cmd)}")
+        self.log_file = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self, timeout):
+        t_end = time.time() + timeout
+        while time.time() < t_end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}, see {self.log_path}")
+            try:
+                st, _ = self.get("/health", timeout=2)
+                if st == 200:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"{self.name} not healthy after {timeout}s, see {self.log_path}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=15)
+        self.log_file.close()
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def _req(self, method, path, body=None, timeout=600):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                raw = r.read().decode()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            raw = e.read().decode()
+            status = e.code
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, raw
+
+    def get(self, path, timeout=60):
+        return self._req("GET", path, timeout=timeout)
+
+    def post(self, path, body, timeout=600):
+        return self._req("POST", path, body, timeout=timeout)
+
+    def log_text(self):
+        self.log_file.flush()
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def tokenize(self, text, add_special):
+        st, r = self.post("/tokenize", {"content": text, "add_special": add_special, "parse_special": True})
+        assert st == 200, r
+        return r["tokens"]
+
+    def kv_cells(self):
+        """Scrape /metrics: {metric: {cache: value}}; the scrape also resets kv_cells_used_max."""
+        st, text = self.get("/metrics")
+        assert st == 200, text
+        res = {}
+        for line in text.splitlines():
+            if line.startswith("llamacpp:kv_cells"):
+                name, val = line.split(" ")
+                metric, label = name[len("llamacpp:"):].split("{")
+                cache = int(label.split('"')[1])
+                res.setdefault(metric, {})[cache] = int(float(val))
+        return res
+
+    def slot(self, id_slot):
+        st, r = self.get("/slots")
+        assert st == 200, r
+        return next(s for s in r if s["id"] == id_slot)
+
+
+def top_probs(res):
+    """per generated token: (top1 id, top1 prob, top2 prob)"""
+    out = []
+    for tok in res.get("completion_probabilities", []):
+        tops = tok.get("top_logprobs") or tok.get("top_probs") or []
+        ps = [(t["id"], math.exp(t["logprob"]) if "logprob" in t else t["prob"]) for t in tops]
+        ps.sort(key=lambda x: -x[1])
+        out.append((ps[0][0], ps[0][1], ps[1][1] if len(ps) > 1 else 0.0))
+    return out
+
+
+def compare_probs(a, b, margin):
+    """compare top-1 along the common prefix: (max |dp| before divergence, flipped, flip_is_near_tie)"""
+    dmax = 0.0
+    for (ia, pa, qa), (ib, pb, qb) in zip(a, b):
+        if ia != ib:
+            return dmax, True, (pa - qa) < margin or (pb - qb) < margin
+        dmax = max(dmax, abs(pa - pb))
+    return dmax, False, False
+
+
+def run_gate(args):
+    metrics, checks = {}, {}
+    log_dir = tempfile.mkdtemp(prefix="gate-shared-pool-")
+    metrics["log_dir"] = log_dir
+    extra = shlex.split(args.extra_args) if args.extra_args else []
+    servers = []
+
+    def start(name, parallel, ctx, more=(), kv_unified=True):
+        a = ["--parallel", str(parallel), "-c", str(ctx)] + (["--kv-unified"] if kv_unified else []) + list(more) + extra
+        s = Server(args.server, args.model, a, log_dir, name)
+        servers.append(s)
+        s.wait_ready(args.startup_timeout)
+        return s
+
+    def check(name, ok, detail=None):
+        checks[name] = bool(ok)
+        if detail is not None:
+            metrics.setdefault("details", {})[name] = detail
+        log(("PASS " if ok else "FAIL ") + name + ("" if detail is None else f": {detail}"))
+
+    G = 24  # tokens generated per agent
+
+    def cmpl(srv, tokens, **kw):
+        body = {"prompt": tokens, "n_predict": G, "temperature": 0.0, "cache_prompt": True, "n_probs": 3,
+                "return_tokens": True}
+        body.update(kw)
+        return srv.post("/completion", body)
+
+    try:
+        # ------------------------------------------------------------------ main server
+        S1 = start("main", 9, args.ctx)
+
+        doc = make_document()
+        doc_tok = S1.tokenize(doc, True)
+        P = len(doc_tok)
+        suf_tok = [S1.tokenize(make_suffix(i), False) for i in range(len(AGENTS))]
+        prompts = [doc_tok + s for s in suf_tok]
+        metrics["P"] = P
+        metrics["suffix_n"] = [len(s) for s in suf_tok]
+        log(f"document: {P} tokens, suffixes: {metrics['suffix_n']}")
+        POOL = 0
+        share = {"shared_pool_slot": POOL, "shared_prefix_n_tokens": P}
+
+        # ---------------------------------------------------------------- errors (HTTP 400)
+        errs = {}
+        errs["pool_out_of_range"] = cmpl(S1, prompts[0], shared_pool_slot=99, shared_prefix_n_tokens=P)
+        errs["pool_eq_id_slot"] = cmpl(S1, prompts[0], id_slot=POOL, **share)
+        errs["p_zero"] = cmpl(S1, prompts[0], shared_pool_slot=POOL, shared_prefix_n_tokens=0)
+        errs["p_ge_prompt"] = cmpl(S1, prompts[0], shared_pool_slot=POOL, shared_prefix_n_tokens=len(prompts[0]))
+        errs["chat_p_ge_prompt"] = S1.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "shared_pool_slot": POOL, "shared_prefix_n_tokens": 100000})
+        for k, (st, r) in errs.items():
+            msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else str(r)
+            check(f"error_400_{k}", st == 400, f"{st}: {msg}")
+
+        # ---------------------------------------------------------------- pool prefill
+        st, r = cmpl(S1, doc_tok, id_slot=POOL, n_predict=0)
+        assert st == 200, r
+        pool_prompt_n = r["timings"]["prompt_n"]
+        pool_slot0 = S1.slot(POOL)
+        kv0 = S1.kv_cells()
+        metrics["pool_prompt_n"] = pool_prompt_n
+        check("pool_prefill", pool_slot0["n_prompt_tokens"] == P and kv0["kv_cells_used"][0] == P,
+              {"n_prompt_tokens": pool_slot0["n_prompt_tokens"], "kv_cells_used": kv0["kv_cells_used"]})
+
+        # ---------------------------------------------------------------- agents, one at a time
+        shared_res = []
+        for i, p in enumerate(prompts):
+            st, r = cmpl(S1, p, **share)
+            assert st == 200, r
+            shared_res.append(r)
+            t = r["timings"]
+            s_i = len(suf_tok[i])
+            n_gen = t["predicted_n"]
+            ok = (t["cache_n"] == P and t["prompt_n"] == s_i and t.get("shared_n") == P
+                  and r["id_slot"] != POOL
+                  # cell-level isolation: the sequence holds exactly the pool prefix + its own tokens
+                  and t.get("shared_kv_cells") == P + s_i + n_gen - 1
+                  and t.get("shared_kv_cells_shared") == P)
+            check(f"agent{i}_shared", ok, {k: t.get(k) for k in ("cache_n", "prompt_n", "shared_n", "predicted_n",
+                                                                 "shared_kv_cells", "shared_kv_cells_shared")})
+        metrics["agent_text"] = [r["content"] for r in shared_res]
+
+        sum_prompt_n = pool_prompt_n + sum(r["timings"]["prompt_n"] for r in shared_res)
+        metrics["sum_prompt_n"] = sum_prompt_n
+        metrics["naive_sum_prompt_n"] = sum(len(p) for p in prompts)
+        check("sum_prompt_n", sum_prompt_n == P + sum(len(s) for s in suf_tok),
+              {"sum": sum_prompt_n, "P_plus_suffixes": P + sum(len(s) for s in suf_tok),
+               "naive": metrics["naive_sum_prompt_n"]})
+
+        # text isolation: no agent mentions a locker number that only exists in another agent's suffix
+        leaks = []
+        for i, r in enumerate(shared_res):
+            for j, lk in enumerate(LOCKERS):
+                if j != i and str(lk) in r["content"]:
+                    leaks.append((i, j))
+        check("isolation_text", not leaks, {"leaks": leaks})
+        metrics["needle_found"] = sum(str(NEEDLE_CODE) in shared_res[i]["content"] for i in range(0, 8, 2))
+        metrics["own_locker_found"] = sum(str(LOCKERS[i]) in shared_res[i]["content"] for i in range(0, 8, 2))
+
+        slot_after = S1.slot(POOL)
+        kv1 = S1.kv_cells()
+        check("pool_unchanged_after_agents",
+              slot_after["n_prompt_tokens"] == P and slot_after.get("id_task") == pool_slot0.get("id_task")
+              and kv1["kv_cells_used"][0] == P and kv1["kv_cells_shared"][0] == 0,
+              {"n_prompt_tokens": slot_after["n_prompt_tokens"], "kv_cells_used": kv1["kv_cells_used"],
+               "kv_cells_shared": kv1["kv_cells_shared"]})
+
+        # ---------------------------------------------------------------- concurrent agents (N = 8) + intruder
+        def run_concurrent(srv, bodies, path="/completion"):
+            with ThreadPoolExecutor(max_workers=len(bodies)) as ex:
+                return list(ex.map(lambda b: srv.post(path, b), bodies))
+
+        S1.kv_cells()  # reset the peak
+        bodies = [dict(prompt=p, n_predict=8, temperature=0.0, ignore_eos=True, **share) for p in prompts]
+        conc = run_concurrent(S1, bodies)
+        kvc = S1.kv_cells()
+        ok = all(st == 200 and r["timings"]["cache_n"] == P and r["timings"].get("shared_kv_cells_shared", -1) >= P
+                 and r["timings"].get("shared_kv_cells") == P + len(suf_tok[i]) + r["timings"]["predicted_n"] - 1
+                 for i, (st, r) in enumerate(conc))
+        shared_peak_8 = kvc["kv_cells_used_max"][0]
+        ideal_shared_8 = P + sum(len(s) + 8 - 1 for s in suf_tok)
+        check("concurrent_agents_n8", ok and shared_peak_8 <= ideal_shared_8,
+              {"peak_used_base": shared_peak_8, "ideal": ideal_shared_8, "peak_used_swa": kvc["kv_cells_used_max"].get(1)})
+
+        # a non-sharing request with the same document while sharers run: similarity routing must not take the pool
+        intr = {}
+
+        def intruder():
+            time.sleep(0.3)
+            intr["res"] = S1.post("/completion", dict(prompt=doc_tok + S1.tokenize("\n\nSummary:", False),
+                                                      n_predict=4, temperature=0.0))
+        th = threading.Thread(target=intruder)
+        th.start()
+        conc2 = run_concurrent(S1, [dict(prompt=p, n_predict=48, temperature=0.0, ignore_eos=True, **share)
+                                    for p in prompts[:4]])
+        th.join()
+        st, r = intr["res"]
+        slot_after = S1.slot(POOL)
+        check("pool_protected_from_similarity",
+              st == 200 and r["id_slot"] != POOL and all(c[1]["timings"]["cache_n"] == P for c in conc2)
+              and slot_after["n_prompt_tokens"] == P and slot_after.get("id_task") == pool_slot0.get("id_task"),
+              {"intruder_slot": r.get("id_slot"), "pool_n_prompt_tokens": slot_after["n_prompt_tokens"]})
+
+        # ---------------------------------------------------------------- load: 64 concurrent sharers
+        n_load = THRESHOLDS["load_requests"]
+        t0 = time.time()
+        load = run_concurrent(S1, [dict(prompt=prompts[i % 8], n_predict=8, temperature=0.0, ignore_eos=True,
+                                        **share) for i in range(n_load)])
+        t_load = time.time() - t0
+        kvl = S1.kv_cells()
+        slot_after = S1.slot(POOL)
+        n_ok = sum(1 for st, r in load if st == 200 and r["timings"].get("shared_n") == P)
+        st_h, _ = S1.get("/health")
+        check("load_64", n_ok == n_load and S1.alive() and st_h == 200 and kvl["kv_cells_used"][0] == P
+              and kvl["kv_cells_shared"][0] == 0 and slot_after["n_prompt_tokens"] == P,
+              {"ok": n_ok, "n": n_load, "seconds": round(t_load, 1), "used_after": kvl["kv_cells_used"],
+               "shared_after": kvl["kv_cells_shared"], "peak_used": kvl["kv_cells_used_max"]})
+
+        # ---------------------------------------------------------------- chat endpoint
+        # note: the prefill of the chat pool launches a task while pool 0 has no sharers, so idle slot
+        #       clearing (upstream behaviour, --no-cache-idle-slots disables it) evicts pool 0
+        msgs = [[{"role": "user", "content": doc + make_suffix(i)}] for i in (0, 1)]
+        POOL_CHAT = 8
+        # 1. a chat request on the chat pool slot tells how the server tokenizes the chat prompt
+        st, r = S1.post("/v1/chat/completions", {"messages": msgs[0], "max_tokens": 1, "temperature": 0.0,
+                                                 "id_slot": POOL_CHAT})
+        n_chat = r["usage"]["prompt_tokens"]
+        tmpl = [S1.post("/apply-template", {"messages": m})[1]["prompt"] for m in msgs]
+        variants = [[S1.tokenize(t, add) for t in tmpl] for add in (True, False)]
+        ta, tb = next((v for v in variants if len(v[0]) == n_chat), variants[0])
+        Pc = next(k for k in range(min(len(ta), len(tb))) if ta[k] != tb[k])
+        # 2. the chat pool holds exactly the common prefix of the two chat prompts
+        st, _ = cmpl(S1, ta[:Pc], id_slot=POOL_CHAT, n_predict=0)
+        # 3. a chat request that shares it
+        st, r = S1.post("/v1/chat/completions", {"messages": msgs[1], "max_tokens": 8, "temperature": 0.0,
+                                                 "shared_pool_slot": POOL_CHAT, "shared_prefix_n_tokens": Pc})
+        t = r.get("timings", {}) if isinstance(r, dict) else {}
+        check("chat_shared", st == 200 and t.get("shared_n") == Pc and t.get("cache_n") == Pc,
+              {"status": st, "P_chat": Pc, "timings": {k: t.get(k) for k in ("cache_n", "prompt_n", "shared_n",
+                                                                               "shared_fallback")}})
+
+        # ---------------------------------------------------------------- references
+        # (a) same batch structure: the document cached in the agent's own slot, then the full prompt
+        # (b) cold: the full prompt processed from scratch (run concurrently = naive N = 8 memory)
+        # the reference server has no RAM prompt cache (and so no idle slot clearing), so that the document
+        # stays in the agent's slot exactly as computed
+        SR = start("reference", 9, args.ctx, ["--cache-ram", "0"])
+        same, cold = [], []
+        for i, p in enumerate(prompts):
+            slot_i = 1 + i
+            st, r = cmpl(SR, doc_tok, id_slot=slot_i, n_predict=0)
+            st, r = cmpl(SR, p, id_slot=slot_i)
+            assert st == 200, r
+            same.append(r)
+        st, cold0_seq = cmpl(SR, prompts[0], id_slot=1, cache_prompt=False)
+        SR.kv_cells()
+        cold_res = run_concurrent(SR, [dict(prompt=p, n_predict=G, temperature=0.0, cache_prompt=False, n_probs=3,
+                                            id_slot=1 + i, return_tokens=True) for i, p in enumerate(prompts)])
+        kvn = SR.kv_cells()
+        SR.stop()
+        cold = [r for _, r in cold_res]
+        naive_peak_8 = kvn["kv_cells_used_max"][0]
+
+        n_equal, dmax_same, dmax_cold, flips, bad_flips = 0, 0.0, 0.0, 0, 0
+        for i in range(len(prompts)):
+            a, b, c = shared_res[i], same[i], cold[i]
+            structure_ok = b["timings"]["cache_n"] == P and b["timings"]["prompt_n"] == len(suf_tok[i])
+            if a["tokens"] == b["tokens"] and structure_ok:
+                n_equal += 1
+            d, _, _ = compare_probs(top_probs(a), top_probs(b), 0)
+            dmax_same = max(dmax_same, d)
+            d, flipped, near_tie = compare_probs(top_probs(a), top_probs(c), THRESHOLDS["near_tie_margin"])
+            dmax_cold = max(dmax_cold, d)
+            flips += flipped
+            bad_flips += flipped and not near_tie
+        metrics.update({"text_equal_same_structure": n_equal, "max_dprob_same_structure": dmax_same,
+                        "max_dprob_cold": round(dmax_cold, 5), "near_tie_flips_vs_cold": flips,
+                        "non_near_tie_flips_vs_cold": bad_flips})
+        check("text_equal_same_structure", n_equal == len(prompts), {"equal": n_equal})
+        check("probs_same_structure", dmax_same <= THRESHOLDS["max_abs_dprob_same_structure"], dmax_same)
+        check("probs_vs_cold", dmax_cold <= THRESHOLDS["max_abs_dprob_cold"] and bad_flips == 0,
+              {"max_dprob": dmax_cold, "flips": flips, "non_near_tie_flips": bad_flips})
+
+        # ---------------------------------------------------------------- fallback
+        # (a) evicted pool (the chat test above already evicted it through idle slot clearing)
+        st, _ = S1.post(f"/slots/{POOL}?action=erase", {})
+        st, r = cmpl(S1, prompts[0], **share)
+        t = r["timings"]
+        check("fallback_evicted", st == 200 and t["cache_n"] == 0 and t.get("shared_n") == 0
+              and t.get("shared_fallback") and t["prompt_n"] == len(prompts[0])
+              and r["tokens"] == cold0_seq["tokens"],
+              {k: t.get(k) for k in ("cache_n", "prompt_n", "shared_n", "shared_fallback")})
+        # (b) mismatching prefix: one document token differs
+        st, _ = cmpl(S1, doc_tok, id_slot=POOL, n_predict=0)
+        bad = list(prompts[2])
+        bad[P // 2] = doc_tok[P // 2 + 1]
+        st, r = cmpl(S1, bad, **share)
+        t = r["timings"]
+        check("fallback_mismatch", st == 200 and t["cache_n"] == 0 and t.get("shared_n") == 0
+              and "match" in (t.get("shared_fallback") or ""),
+              {k: t.get(k) for k in ("cache_n", "prompt_n", "shared_n", "shared_fallback")})
+        # (c) pool holds fewer tokens than P
+        st, r = cmpl(S1, prompts[2], shared_pool_slot=POOL, shared_prefix_n_tokens=P + 3)
+        t = r["timings"]
+        check("fallback_short_pool", st == 200 and t["cache_n"] == 0 and t.get("shared_n") == 0,
+              {k: t.get(k) for k in ("cache_n", "prompt_n", "shared_n", "shared_fallback")})
+        check("fallback_warning_logged", "cannot share" in S1.log_text())
+
+        # ---------------------------------------------------------------- non-unified server: 400
+        S0 = start("not-unified", 2, 4096, kv_unified=False)
+        st, r = cmpl(S0, prompts[0][:64], shared_pool_slot=1, shared_prefix_n_tokens=32)
+        check("error_400_not_unified", st == 400, r.get("error", {}).get("message") if isinstance(r, dict) else r)
+        S0.stop()
+
+        check("server_alive", S1.alive())
+        S1.stop()
+
+        # ---------------------------------------------------------------- memory at larger N
+        mem = {8: {"shared_peak": shared_peak_8, "naive_peak": naive_peak_8,
+                   "private_per_agent": sum(len(s) + 8 - 1 for s in suf_tok) / 8,
+                   "naive_per_agent_ideal": P + sum(len(s) + G - 1 for s in suf_tok) / 8}}
+        Ns = [32] + ([64] if args.n64 else [])
+        for N in Ns:
+            ctx = (N + 1) * (P + 64 + 16)
+            S = start(f"mem{N}", N + 1, ctx)
+            st, _ = cmpl(S, doc_tok, id_slot=0, n_predict=0)
+            g = 4
+            S.kv_cells()
+            t0 = time.time()
+            res = run_concurrent(S, [dict(prompt=prompts[i % 8], n_predict=g, temperature=0.0, ignore_eos=True,
+                                          **share) for i in range(N)])
+            t_sh = time.time() - t0
+            kv = S.kv_cells()
+            shared_ok = all(st == 200 and r["timings"].get("shared_n") == P for st, r in res)
+            shared_peak = kv["kv_cells_used_max"][0]
+            swa_shared_peak = kv["kv_cells_used_max"].get(1)
+            # naive: every agent computes and stores its own copy of the document
+            S.post(f"/slots/0?action=erase", {})
+            t0 = time.time()
+            res = run_concurrent(S, [dict(prompt=prompts[i % 8], n_predict=g, temperature=0.0, ignore_eos=True,
+                                          cache_prompt=False, id_slot=1 + i) for i in range(N)])
+            t_nv = time.time() - t0
+            kv = S.kv_cells()
+            naive_ok = all(st == 200 for st, r in res)
+            naive_peak = kv["kv_cells_used_max"][0]
+            swa_naive_peak = kv["kv_cells_used_max"].get(1)
+            cells_total = kv["kv_cells"][0]
+            S.stop()
+            priv = sum(len(suf_tok[i % 8]) + g - 1 for i in range(N))
+            ideal_ratio = N * (P + priv / N) / (P + priv)
+            ratio = naive_peak / shared_peak
+            mem[N] = {"shared_peak": shared_peak, "naive_peak": naive_peak, "ratio_total": round(ratio, 2),
+                      "ratio_ideal_bound": round(ideal_ratio, 2), "ratio_prefix_cells": N * P / P,
+                      "swa_shared_peak": swa_shared_peak, "swa_naive_peak": swa_naive_peak,
+                      "seconds_shared": round(t_sh, 1), "seconds_naive": round(t_nv, 1),
+                      "private_per_agent": (shared_peak - P) / N, "naive_per_agent": naive_peak / N,
+                      "kv_buffer_cells": cells_total}
+            # agents that fit the KV buffer of this server, from the measured per-agent cells
+            mem[N]["agents_fit_shared"] = int((cells_total - P) // max(mem[N]["private_per_agent"], 1e-9))
+            mem[N]["agents_fit_naive"] = int(cells_total // mem[N]["naive_per_agent"])
+            check(f"memory_n{N}", shared_ok and naive_ok and shared_peak <= P + priv
+                  and ratio >= THRESHOLDS["min_total_cell_ratio_vs_ideal"] * ideal_ratio
+                  and (N != 32 or mem[N]["ratio_prefix_cells"] >= THRESHOLDS["min_prefix_cell_ratio_n32"]),
+                  mem[N])
+        mem[8]["ratio_total"] = round(naive_peak_8 / shared_peak_8, 2)
+        metrics["memory"] = {str(k): v for k, v in mem.items()}
+    except Exception as e:  # noqa: BLE001 - any failure fails the gate
+        import traceback
+        traceback.print_exc(file=sys.stderr)
+        checks["exception"] = False
+        metrics["exception"] = f"{type(e).__name__}: {e}"
+    finally:
+        for s in servers:
+            try:
+                s.stop()
+            except Exception:  # noqa: BLE001
+                pass
+
+    metrics["checks"] = checks
+    ok = bool(checks) and all(checks.values())
+    return {"gate": GATE, "ok": ok, "metrics": metrics, "thresholds": THRESHOLDS}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server", required=True, help="path to llama-server")
+    ap.add_argument("--model", required=True, help="path to the GGUF model (Gemma 3 270M)")
+    ap.add_argument("--json", action="store_true", help="print the verdict as one compact JSON line")
+    ap.add_argument("--extra-args", default="", help="extra llama-server arguments")
+    ap.add_argument("--ctx", type=int, default=16384, help="context size of the main server (--parallel 9)")
+    ap.add_argument("--n64", action="store_true", help="also measure memory at N = 64 (--parallel 65, slower)")
+    ap.add_argument("--startup-timeout", type=float, default=120)
+    args = ap.parse_args()
+
+    verdict = run_gate(args)
+    print(json.dumps(verdict, separators=(",", ":")) if args.json else json.dumps(verdict, indent=2))
+    sys.exit(0 if verdict["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Fixtures: small synthetic upstream trees and projects in tmp_path, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_tree_id(folder: Path) -> str:
+    """Tree id of a plain folder, computed independently of polyforge (plain git)."""
+    env = {**os.environ, "GIT_INDEX_FILE": str(folder.parent / f".{folder.name}.idx"),
+           "GIT_DIR": str(folder.parent / f".{folder.name}.git"), "GIT_WORK_TREE": str(folder)}
+    subprocess.run(["git", "init", "-q", "--bare", env["GIT_DIR"]], check=True)
+    subprocess.run(["git", "add", "-A", "-f", "."], check=True, env=env, cwd=folder)
+    out = subprocess.run(["git", "write-tree"], check=True, env=env, capture_output=True, text=True, cwd=folder)
+    return out.stdout.strip()
+
+
+UPSTREAM_FILES = {
+    "README.md": "# tiny upstream\n\nA synthetic llama.cpp stand-in.\n",
+    ".gitignore": "build*/\n*.log\n",
+    "bench.log": "ignored by upstream's own .gitignore, but content all the same\n",
+    "src/llama.cpp": "".join(f"int f{i}(void) {{ return {i}; }}\n" for i in range(60)),
+    "src/llama.h": "#pragma once\nint f0(void);\n",
+    "ggml/src/ggml.c": "".join(f"// line {i}\n" for i in range(120)),
+    "docs/build.md": "How to build.\n",
+    "docs/more/notes.md": "Notes.\n",
+}
+
+
+@dataclass
+class Upstream:
+    path: Path
+    tree: str
+    pack_tree: str
+
+
+def make_upstream(base: Path, files: dict[str, str] | None = None, name: str = "upstream") -> Upstream:
+    folder = base / name
+    for rel, text in (files or UPSTREAM_FILES).items():
+        target = folder / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    (folder / "scripts").mkdir(exist_ok=True)
+    tool = folder / "scripts" / "tool.sh"
+    tool.write_text("#!/bin/sh\necho tool\n")
+    tool.chmod(0o755)
+    tree = git_tree_id(folder)
+    pruned = base / f"{name}-pruned"
+    subprocess.run(["cp", "-a", str(folder), str(pruned)], check=True)
+    subprocess.run(["rm", "-rf", str(pruned / "docs")], check=True)
+    return Upstream(folder, tree, git_tree_id(pruned))
+
+
+@dataclass
+class Proj:
+    root: Path
+    upstream: Upstream
+
+    @property
+    def tree(self) -> Path:
+        return self.root / "vendor" / "llama.cpp"
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    def write(self, rel: str, text: str) -> None:
+        target = self.tree / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+    def read(self, rel: str) -> str:
+        return (self.tree / rel).read_text()
+
+    def chain(self):
+        from polyforge.chain import Chain
+        from polyforge.project import Project
+        return Chain(Project(self.root))
+
+
+def write_pin(root: Path, upstream: Upstream, sources: list[dict] | None = None) -> None:
+    pin = {
+        "upstream": {"project": "llama.cpp", "release": "b0001", "commit": "1" * 40, "tree": upstream.tree},
+        "pack": {"prune": ["docs"], "tree": upstream.pack_tree},
+        "sources": sources or [{"name": "local", "kind": "dir", "location": str(upstream.path)}],
+    }
+    (root / "vendor").mkdir(parents=True, exist_ok=True)
+    (root / "vendor" / "pin.yaml").write_text(yaml.safe_dump(pin, sort_keys=False))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("POLYFORGE_CACHE", str(folder))
+    monkeypatch.delenv("POLYFORGE_ROOT", raising=False)
+    return folder
+
+
+@pytest.fixture
+def upstream(tmp_path) -> Upstream:
+    return make_upstream(tmp_path)
+
+
+@pytest.fixture
+def proj(tmp_path, upstream, cache, monkeypatch) -> Proj:
+    root = tmp_path / "project"
+    write_pin(root, upstream)
+    (root / "patches").mkdir()
+    monkeypatch.chdir(root)
+    return Proj(root, upstream)
+
+
+@pytest.fixture
+def fetched(proj) -> Proj:
+    from polyforge import vendor
+    chain = proj.chain()
+    vendor.fetch(chain)
+    chain.relock()
+    return proj
+
+
+def capture(proj: Proj, name: str, edits: dict[str, str | None], message: str | None = None) -> dict:
+    for rel, text in edits.items():
+        if text is None:
+            (proj.tree / rel).unlink()
+        else:
+            proj.write(rel, text)
+    return proj.chain().capture(name, message)
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("COLUMNS", None)
+    return subprocess.run([sys.executable, "-m", "polyforge", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_clean_error(done: subprocess.CompletedProcess, code: int, fragment: str) -> None:
+    """A bad input gives one error line (plus an optional hint), the exit code, no traceback."""
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    error_lines = [ln for ln in lines if ln.startswith("error:")]
+    assert len(error_lines) == 1, done.stderr
+    assert fragment in done.stderr.replace("\n", " "), done.stderr

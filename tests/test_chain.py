@@ -1,0 +1,221 @@
+"""apply / unapply / capture / refresh / lock / status on synthetic projects."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import UPSTREAM_FILES, Proj, capture, make_upstream, write_pin
+from polyforge import vendor
+from polyforge.chain import run_chain
+from polyforge.lockfile import LockEntry
+from polyforge import patchfile
+from polyforge.chain import DirtyTree
+from polyforge.errors import BadInput, VerificationFailed
+from polyforge.lockfile import ChainLock
+
+
+def _three(fetched: Proj) -> None:
+    capture(fetched, "0001-first", {"src/llama.cpp": fetched.read("src/llama.cpp").replace("return 5;", "return 50;"),
+                                    "src/added.c": "int added;\n"}, "first: change f5\n\nBecause tests.")
+    capture(fetched, "0002-second", {"ggml/src/ggml.c": fetched.read("ggml/src/ggml.c").replace("// line 60\n", "// LINE 60\n"),
+                                     "docs/build.md": None})
+    capture(fetched, "0003-third", {"src/llama.cpp": fetched.read("src/llama.cpp").replace("return 40;", "return 400;"),
+                                    "README.md": fetched.read("README.md") + "patched\n"})
+
+
+def test_capture_writes_canonical_patch_and_lock(fetched: Proj):
+    info = capture(fetched, "0001-first", {"src/llama.cpp": "changed\n", "src/new.c": "x\n"}, "first: change\n\nWhy.")
+    path = fetched.patches / "0001-first.patch"
+    data = path.read_bytes()
+    assert info["name"] == "0001-first.patch"
+    patch = patchfile.read(path)
+    assert patch.header.subject == "first: change"
+    assert patch.header.trailer("Upstream-Status") == "Pending"
+    assert {c.path for c in patch.changes} == {"src/llama.cpp", "src/new.c"}
+    assert b"\r" not in data
+    lock = ChainLock.read(fetched.patches / "chain.lock")
+    assert lock.patches[0].sha256 == patch.sha256 and lock.patches[0].tree == info["tree"]
+    assert fetched.chain().live_changes() == []
+
+
+def test_unapply_apply_round_trip_restores_bytes_and_modes(fetched: Proj):
+    _three(fetched)
+    chain = fetched.chain()
+    live = chain.tree.snapshot()
+    assert [r["name"] for r in chain.unapply()] == ["0003-third.patch", "0002-second.patch", "0001-first.patch"]
+    assert chain.tree.snapshot() == fetched.upstream.tree
+    assert not (fetched.tree / "src/added.c").exists() and (fetched.tree / "docs/build.md").exists()
+    report = chain.apply()
+    assert [r["status"] for r in report] == ["applied"] * 3
+    assert chain.tree.snapshot() == live
+
+
+def test_apply_is_idempotent_and_to_is_honoured(fetched: Proj):
+    _three(fetched)
+    chain = fetched.chain()
+    chain.unapply()
+    chain.apply(to="0002")
+    assert [a.name for a in chain.tree.applied()] == ["0001-first.patch", "0002-second.patch"]
+    report = chain.apply()
+    assert [r["status"] for r in report] == ["already applied", "already applied", "applied"]
+    assert chain.apply() == [{"name": n, "status": "already applied"} for n in
+                             ("0001-first.patch", "0002-second.patch", "0003-third.patch")]
+    chain.unapply(to="0001")
+    assert [a.name for a in chain.tree.applied()] == ["0001-first.patch"]
+
+
+def test_failing_patch_leaves_tree_exactly_as_before(fetched: Proj):
+    _three(fetched)
+    chain = fetched.chain()
+    chain.unapply()
+    # a 0004 whose context is not in the tree once 0001-0003 apply
+    bad = (fetched.patches / "0001-first.patch").read_text().replace("0001-first", "0004-bad")
+    (fetched.patches / "0004-bad.patch").write_text(bad)
+    # the lock is stale now: apply must refuse on drift first
+    with pytest.raises(VerificationFailed, match="drift"):
+        chain.apply()
+    # even with the lock forced aside, nothing moves when a patch fails mid-chain
+    lock = ChainLock.read(fetched.patches / "chain.lock")
+    from polyforge.lockfile import LockEntry
+    import hashlib
+    extra = LockEntry("0004-bad.patch", hashlib.sha256(bad.encode()).hexdigest(), "0" * 40)
+    ChainLock(lock.base_tree, lock.pack_base_tree, lock.patches + (extra,)).write(fetched.patches / "chain.lock")
+    before = chain.tree.snapshot()
+    with pytest.raises(VerificationFailed, match="0004-bad.patch does not apply"):
+        chain.apply()
+    assert chain.tree.snapshot() == before
+    assert chain.tree.applied() == []
+
+
+def test_dirty_tree_is_never_overwritten(fetched: Proj):
+    _three(fetched)
+    chain = fetched.chain()
+    chain.unapply(to="0002")
+    fetched.write("README.md", "user edit\n")
+    with pytest.raises(DirtyTree, match="README.md"):
+        chain.apply()
+    with pytest.raises(DirtyTree, match="README.md"):
+        chain.unapply()
+    assert fetched.read("README.md") == "user edit\n"
+
+
+def test_capture_position_rules(fetched: Proj):
+    _three(fetched)
+    chain = fetched.chain()
+    fetched.write("src/llama.h", "edited\n")
+    with pytest.raises(BadInput, match="sort before the applied"):
+        chain.capture("0002-late")
+    with pytest.raises(BadInput, match="exists already"):
+        chain.capture("0003-third")
+    chain.refresh()  # fold the edit into the top patch instead
+    chain.unapply(to="0001")
+    fetched.write("src/inserted.c", "inserted\n")
+    with pytest.raises(BadInput, match="sort after the unapplied"):
+        chain.capture("0005-x")
+    info = chain.capture("0001-inserted")
+    assert info["name"] == "0001-inserted.patch"
+    chain.apply()
+    assert [a.name for a in chain.tree.applied()] == ["0001-first.patch", "0001-inserted.patch",
+                                                       "0002-second.patch", "0003-third.patch"]
+
+
+def test_capture_without_edits_and_bad_names(fetched: Proj):
+    with pytest.raises(BadInput, match="no live edits"):
+        fetched.chain().capture("0001-x")
+    with pytest.raises(BadInput, match="bad patch name"):
+        fetched.chain().capture("first")
+
+
+def test_capture_refuses_binary_files(fetched: Proj):
+    (fetched.tree / "blob.bin").write_bytes(b"\x00\x01\x02" * 10)
+    with pytest.raises(BadInput, match="binary"):
+        fetched.chain().capture("0001-bin")
+    assert list(fetched.patches.glob("*.patch")) == []
+
+
+def test_capture_includes_mode_changes_and_deletions(fetched: Proj):
+    (fetched.tree / "src/llama.h").chmod(0o755)
+    (fetched.tree / "docs/more/notes.md").unlink()
+    info = fetched.chain().capture("0001-modes")
+    kinds = {f["path"]: f["change"] for f in info["files"]}
+    assert kinds == {"src/llama.h": "mode", "docs/more/notes.md": "deleted"}
+    chain = fetched.chain()
+    chain.unapply()
+    assert not (fetched.tree / "src/llama.h").stat().st_mode & 0o111
+    chain.apply()
+    assert (fetched.tree / "src/llama.h").stat().st_mode & 0o111
+
+
+def test_refresh_and_check(fetched: Proj):
+    capture(fetched, "0001-first", {"src/llama.h": "v1\n"})
+    chain = fetched.chain()
+    assert chain.refresh(check=True) == {"name": "0001-first.patch", "changed": False}
+    fetched.write("src/llama.h", "v2\n")
+    with pytest.raises(VerificationFailed, match="live edits beyond it"):
+        chain.refresh(check=True)
+    info = chain.refresh()
+    assert info["changed"] and "+v2" in (fetched.patches / "0001-first.patch").read_text()
+    header_before = patchfile.read(fetched.patches / "0001-first.patch").header
+    chain.refresh()
+    assert patchfile.read(fetched.patches / "0001-first.patch").header == header_before
+    assert ChainLock.read(fetched.patches / "chain.lock").patches[0].sha256 == info["sha256"]
+
+
+def test_refresh_check_catches_non_canonical_bytes(fetched: Proj):
+    capture(fetched, "0001-first", {"src/llama.h": "v1\n"})
+    path = fetched.patches / "0001-first.patch"
+    path.write_text(path.read_text().replace("Upstream-Status: Pending\n---", "Upstream-Status: Pending\n\n\n---"))
+    fetched.chain().relock()
+    with pytest.raises(VerificationFailed, match="applied patch|changed since|non-canonical"):
+        fetched.chain().refresh(check=True)
+
+
+def test_offsets_need_the_flag(fetched: Proj, tmp_path):
+    capture(fetched, "0001-first", {"ggml/src/ggml.c": fetched.read("ggml/src/ggml.c").replace("// line 100\n", "// LINE 100\n")})
+    # another upstream whose ggml.c has two more lines on top: the hunk lands at an offset
+    files = dict(UPSTREAM_FILES)
+    files["ggml/src/ggml.c"] = "// extra 1\n// extra 2\n" + files["ggml/src/ggml.c"]
+    shifted = make_upstream(tmp_path, files, name="shifted")
+    root = tmp_path / "shifted-project"
+    write_pin(root, shifted)
+    (root / "patches").mkdir()
+    (root / "patches" / "0001-first.patch").write_bytes((fetched.patches / "0001-first.patch").read_bytes())
+    other = Proj(root, shifted)
+    vendor.fetch(other.chain())
+    chain = other.chain()
+    with pytest.raises(VerificationFailed, match="cannot lock"):
+        chain.relock()
+    patch = chain.patches()[0]
+    step = run_chain(chain.tree.git, shifted.tree, [patch], allow_offset=True)[0]
+    ChainLock(shifted.tree, shifted.pack_tree, (LockEntry(patch.name, patch.sha256, step.tree),)).write(root / "patches/chain.lock")
+    with pytest.raises(VerificationFailed, match="offset 2"):
+        chain.apply()
+    assert chain.tree.applied() == []
+    report = chain.apply(allow_offset=True)
+    assert report[-1]["offsets"] == ["hunk 1 at line 100 (offset 2)"]
+    assert "// LINE 100" in other.read("ggml/src/ggml.c")
+
+
+def test_status_reports_drift_and_live_edits(fetched: Proj):
+    from polyforge.cli.chain import status_info
+    _three(fetched)
+    fetched.write("src/llama.h", "live\n")
+    path = fetched.patches / "0002-second.patch"
+    path.write_text(path.read_text().replace("Upstream-Status: Pending", "Upstream-Status: Submitted"))
+    info = status_info(fetched.chain())
+    assert info["live_edits"] == [{"status": "M", "path": "src/llama.h"}]
+    assert any("0002-second.patch" in d for d in info["lock_drift"])
+    assert info["applied_changed"] == ["0002-second.patch"]
+    assert info["ok"] is False
+
+
+def test_lock_rewrites_after_intended_change(fetched: Proj):
+    _three(fetched)
+    chain = fetched.chain()
+    chain.unapply()
+    path = fetched.patches / "0002-second.patch"
+    path.write_text(path.read_text().replace("Upstream-Status: Pending", "Upstream-Status: Submitted"))
+    with pytest.raises(VerificationFailed, match="drift"):
+        chain.apply()
+    chain.relock()
+    assert [r["status"] for r in chain.apply()] == ["applied"] * 3
