@@ -140,6 +140,18 @@ def find_nvcc() -> str | None:
     return None
 
 
+def find_cublas(nvcc: str) -> str | None:
+    """libcublas of the toolkit nvcc belongs to (ggml-cuda links CUDA::cublas), or a system one."""
+    roots = [Path(os.path.realpath(nvcc)).parent.parent, Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"))]
+    folders = [f for root in roots for f in (root / "lib64", root / "lib", *sorted(root.glob("targets/*/lib")))]
+    folders += [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib/aarch64-linux-gnu")]
+    for folder in folders:
+        hits = sorted(folder.glob("libcublas.so*")) if folder.is_dir() else []
+        if hits:
+            return str(hits[0])
+    return None
+
+
 def local_gpu_archs() -> list[str]:
     """Compute capabilities of the local GPUs as CMake architectures ('9.0' -> '90')."""
     smi = proc.which("nvidia-smi")
@@ -171,6 +183,9 @@ def toolchain(cuda: bool) -> dict:
         if nvcc is None:
             raise EnvironmentProblem("--cuda needs nvcc, and none was found (PATH, $CUDACXX, /usr/local/cuda/bin)",
                                      hint="install the CUDA toolkit or set CUDACXX")
+        if find_cublas(nvcc) is None:
+            raise EnvironmentProblem(f"--cuda needs cuBLAS (libcublas.so), and the CUDA toolkit of {nvcc} has none",
+                                     hint="install the toolkit's cuBLAS (e.g. apt-get install libcublas-dev-13-0)")
         info["nvcc"] = nvcc
         info["nvcc_version"] = cmake.tool_version(nvcc, lines=2)
     return info

@@ -142,7 +142,7 @@ def find_misnumbered(repo: Git, start_tree: str, patches: list[Patch], failed_at
 def prune_tree(repo: Git, tree: str, prune: tuple[str, ...]) -> str:
     with scratch_index(repo, tree) as index:
         if prune:
-            index.run("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", *prune)
+            index.run("rm", "-r", "-q", "-f", "--cached", "--ignore-unmatch", "--", *prune)
         return index.write_tree()
 
 

@@ -89,9 +89,12 @@ def names() -> list[str]:
     return sorted(MODELS)
 
 
-def info(name: str) -> dict:
+def info(name: str, scripts_dir: Path | None = None) -> dict:
     if name.startswith(RANDOM_PREFIX):
-        path = _random_path(name)
+        script = scripts_dir / GENERATOR if scripts_dir else None
+        if script is None or not script.is_file():
+            return {"name": name, "kind": "random", "path": None, "cached": False}
+        path = _random_path(name, sha256_file(script))
         return {"name": name, "kind": "random", "path": str(path), "cached": path.is_file()}
     model = _registered(name)
     path = models_dir() / model.file

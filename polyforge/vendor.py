@@ -47,13 +47,6 @@ def _incoming(project_vendor: Path) -> Path:
 def fetch(chain: Chain, source: str | None = None, force: bool = False) -> FetchResult:
     started = time.monotonic()
     project, pin, tree = chain.project, chain.pin, chain.tree
-    if tree.exists() and not force:
-        base = tree.baseline_tree()
-        if base in (pin.tree, pin.pack_tree):
-            return FetchResult("existing", str(tree.path), base, base == pin.pack_tree and base != pin.tree,
-                               time.monotonic() - started, [], already=True)
-        raise VerificationFailed(f"the vendored baseline {base} is not the pin's {pin.tree}",
-                                 hint="polyforge vendor fetch --force re-vendors (live edits are backed up)")
     if source is None:
         candidates = list(pin.sources)
     else:
@@ -61,6 +54,13 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
             candidates = [pin.source(source)]
         except BadInput:
             candidates = [adhoc_source(Path(source).expanduser().resolve())]
+    if tree.exists() and not force:
+        base = tree.baseline_tree()
+        if base in (pin.tree, pin.pack_tree):
+            return FetchResult("existing", str(tree.path), base, base == pin.pack_tree and base != pin.tree,
+                               time.monotonic() - started, [], already=True)
+        raise VerificationFailed(f"the vendored baseline {base} is not the pin's {pin.tree}",
+                                 hint="polyforge vendor fetch --force re-vendors (live edits are backed up)")
     skipped: list[str] = []
     if source is None:
         hit = _from_baseline_cache(chain)

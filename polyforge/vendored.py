@@ -153,6 +153,9 @@ class VendoredTree:
     def move_live(self, from_commit: str, to_commit: str, op: str) -> None:
         """Move the live tree (clean at from_commit) to to_commit, recoverably."""
         to_tree = self.git.tree_of(to_commit)
+        # re-check stat info first: entries written in the same second as their file are
+        # "racily clean" in git's eyes and read-tree would refuse them as not up to date
+        self.git.run("update-index", "-q", "--refresh", check=False)
         self.write_journal(Journal(op, from_commit, to_tree))
         self.git.run("read-tree", "-m", "-u", from_commit, to_commit)
         self.git.run("update-ref", BRANCH, to_commit)

@@ -30,7 +30,6 @@ _PATTERNS = {
 }
 _FINAL_PPL = re.compile(r"Final estimate: PPL = " + _FLOAT)
 _KV_SIZE = re.compile(r"llama_kv_cache[^:]*: size = \s*" + _FLOAT + r" MiB")
-_TOKENS = re.compile(r"tokenizing the input \.\.\.|have (\d+) tokens|tokenization took")
 
 
 def _pair(text: str, where: str) -> str:

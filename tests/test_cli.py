@@ -1,0 +1,188 @@
+"""The CLI end to end: exit codes, one-line errors, no tracebacks, --json on stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import Proj, assert_clean_error, capture, run_cli
+from polyforge.filelock import FileLock
+from polyforge.git import Git
+
+
+@pytest.fixture
+def chained(fetched: Proj) -> Proj:
+    capture(fetched, "0001-a", {"src/llama.h": "#pragma once\nint f0(void);\nint f1(void);\n"})
+    capture(fetched, "0002-b", {"src/llama.cpp": fetched.read("src/llama.cpp").replace("return 7;", "return 70;")})
+    fetched.chain().unapply()
+    return fetched
+
+
+def test_main_flow_and_json(chained: Proj):
+    done = run_cli("apply", "--json", cwd=chained.root)
+    assert done.returncode == 0, done.stderr
+    assert [r["status"] for r in json.loads(done.stdout)["patches"]] == ["applied", "applied"]
+    done = run_cli("status", "--json", cwd=chained.root)
+    info = json.loads(done.stdout)
+    assert done.returncode == 0 and info["applied"] == ["0001-a.patch", "0002-b.patch"] and info["live_edits"] == []
+    assert run_cli("verify-patches", cwd=chained.root).returncode == 0
+    assert run_cli("unapply", "--to", "0001", cwd=chained.root).returncode == 0
+    assert json.loads(run_cli("status", "--json", cwd=chained.root).stdout)["unapplied"] == ["0002-b.patch"]
+
+
+def test_outside_a_project(tmp_path):
+    assert_clean_error(run_cli("status", cwd=tmp_path), 2, "not inside a polyforge project")
+
+
+def test_usage_error_exit_2(chained: Proj):
+    done = run_cli("apply", "--bogus", cwd=chained.root)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_unknown_to(chained: Proj):
+    assert_clean_error(run_cli("apply", "--to", "0042", cwd=chained.root), 2, "--to 0042")
+
+
+def _corrupt(chained: Proj, transform) -> None:
+    path = chained.patches / "0002-b.patch"
+    path.write_bytes(transform(path.read_bytes()))
+
+
+@pytest.mark.parametrize("transform, code, fragment", [
+    (lambda b: b[: len(b) - 40], 2, "truncated"),
+    (lambda b: b.replace(b"\n", b"\r\n"), 2, "CRLF"),
+    (lambda b: b.replace(b"a/src/llama.cpp", b"a/../outside.cpp").replace(b"b/src/llama.cpp", b"b/../outside.cpp"), 2, "escapes the tree"),
+    (lambda b: b.replace(b"a/src/llama.cpp", b"a//etc/passwd").replace(b"b/src/llama.cpp", b"b//etc/passwd"), 2, "absolute path"),
+    (lambda b: b.replace(b"@@ -", b"GIT binary patch\n@@ -", 1), 2, "binary hunk"),
+    (lambda b: b.replace(b"return 70;", b"return 71;"), 1, "chain.lock drift"),
+])
+def test_bad_patches_leave_everything_untouched(chained: Proj, transform, code, fragment):
+    before = chained.chain().tree.snapshot()
+    _corrupt(chained, transform)
+    assert_clean_error(run_cli("apply", cwd=chained.root), code, fragment)
+    assert chained.chain().tree.snapshot() == before
+    assert chained.chain().tree.applied() == []
+
+
+def test_dirty_tree_refusal_names_files(chained: Proj):
+    chained.write("src/llama.h", "mine\n")
+    assert_clean_error(run_cli("apply", cwd=chained.root), 2, "src/llama.h")
+    assert chained.read("src/llama.h") == "mine\n"
+
+
+def test_patch_through_a_symlink_is_refused(chained: Proj):
+    # put a symlinked folder into the baseline, then a patch that writes through it
+    from polyforge import vendor
+    (chained.upstream.path / "linked").symlink_to("src")
+    from conftest import git_tree_id, write_pin
+    import shutil
+    tree = git_tree_id(chained.upstream.path)
+    chained.upstream.tree = tree
+    write_pin(chained.root, chained.upstream)
+    shutil.rmtree(chained.tree)
+    (chained.patches / "chain.lock").unlink()
+    vendor.fetch(chained.chain())
+    path = chained.patches / "0002-b.patch"
+    path.write_bytes(path.read_bytes().replace(b"src/llama.cpp", b"linked/llama.cpp"))
+    (chained.patches / "0001-a.patch").unlink()
+    chain = chained.chain()
+    from polyforge.errors import BadInput
+    with pytest.raises(BadInput, match="symlink linked"):
+        chain.relock()
+
+
+def test_git_missing_is_environment_error(chained: Proj):
+    env = {"PATH": "/nonexistent"}
+    done = run_cli("status", cwd=chained.root, env=env)
+    assert_clean_error(done, 3, "git not found")
+
+
+def test_lock_held_by_another_run(chained: Proj):
+    with FileLock(chained.root / "vendor" / ".lock", "vendored tree"):
+        done = run_cli("apply", cwd=chained.root)
+    assert_clean_error(done, 3, f"pid {os.getpid()}")
+    assert chained.chain().tree.applied() == []
+
+
+def test_interrupted_apply_is_recovered(chained: Proj, monkeypatch):
+    chain = chained.chain()
+    before = chain.tree.snapshot()
+    real_run = Git.run
+
+    def crash_on_ref_update(self, *args, **kwargs):
+        if args and args[0] == "update-ref":
+            raise KeyboardInterrupt  # the live tree moved, the branch did not: a half-done apply
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Git, "run", crash_on_ref_update)
+    with pytest.raises(KeyboardInterrupt):
+        with chain.locked():
+            chain.apply()
+    monkeypatch.setattr(Git, "run", real_run)
+    assert chain.tree.pending_journal() is not None
+    assert chained.read("src/llama.h").endswith("int f1(void);\n"), "the files had moved"
+    status = json.loads(run_cli("status", "--json", cwd=chained.root).stdout)
+    assert status["interrupted"] == "apply"
+    done = run_cli("apply", cwd=chained.root)
+    assert done.returncode == 0, done.stderr
+    assert "recovered from an interrupted apply" in done.stderr
+    assert run_cli("verify-patches", cwd=chained.root).returncode == 0
+    chain = chained.chain()
+    chain.unapply()
+    assert chain.tree.snapshot() == before
+
+
+def test_interrupted_apply_with_new_files_is_recovered(fetched: Proj, monkeypatch):
+    capture(fetched, "0001-new", {"src/brand-new.c": "new\n", "README.md": "changed\n"})
+    chain = fetched.chain()
+    chain.unapply()
+    before = chain.tree.snapshot()
+    real_run = Git.run
+
+    def crash(self, *args, **kwargs):
+        if args and args[0] == "update-ref":
+            raise KeyboardInterrupt
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Git, "run", crash)
+    with pytest.raises(KeyboardInterrupt):
+        with chain.locked():
+            chain.apply()
+    monkeypatch.setattr(Git, "run", real_run)
+    assert (fetched.tree / "src/brand-new.c").exists()
+    with chain.locked() as notices:
+        assert notices and "interrupted apply" in notices[0]
+    assert not (fetched.tree / "src/brand-new.c").exists()
+    assert chain.tree.snapshot() == before
+
+
+def test_capture_and_refresh_cli(fetched: Proj):
+    fetched.write("src/llama.h", "cli\n")
+    done = run_cli("capture", "0001-cli", "-m", "cli: capture\n\nFrom the CLI.", "--json", cwd=fetched.root)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["files"] == [{"path": "src/llama.h", "change": "modified"}]
+    assert run_cli("refresh", "--check", cwd=fetched.root).returncode == 0
+    fetched.write("src/llama.h", "cli 2\n")
+    assert_clean_error(run_cli("refresh", "--check", cwd=fetched.root), 1, "not what refresh would write")
+    assert run_cli("refresh", cwd=fetched.root).returncode == 0
+    assert run_cli("verify-patches", cwd=fetched.root).returncode == 0
+
+
+def test_vendor_cli(fetched: Proj, tmp_path):
+    done = run_cli("vendor", "status", "--json", cwd=fetched.root)
+    assert done.returncode == 0 and json.loads(done.stdout)["baseline_ok"] is True
+    done = run_cli("vendor", "fetch", "--source", "nope-not-a-source", cwd=fetched.root)
+    assert_clean_error(done, 2, "neither a source name")
+    done = run_cli("vendor", "pack", str(tmp_path / "t.tar.xz"), "--json", cwd=fetched.root)
+    assert done.returncode == 0 and json.loads(done.stdout)["tree"] == fetched.upstream.pack_tree
+
+
+def test_help_lists_the_commands(tmp_path):
+    done = run_cli("--help", cwd=tmp_path)
+    assert done.returncode == 0
+    for command in ("vendor", "apply", "unapply", "status", "capture", "refresh", "lock", "verify-patches"):
+        assert command in done.stdout

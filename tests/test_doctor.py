@@ -1,0 +1,45 @@
+"""polyforge doctor: each check ok or missing, with the fix; exit 3 when a required one is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from conftest import run_cli
+from polyforge import doctor
+
+
+def _by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_checks_on_this_machine(tmp_path):
+    checks = _by_name(doctor.checks(tmp_path))
+    assert set(checks) == {"python", "cmake", "ninja", "c++ compiler", "c compiler", "nvcc", "cublas", "gpu", "ccache", "disk"}
+    assert checks["python"].ok and checks["cmake"].ok and checks["ninja"].ok
+    assert "cmake version" in checks["cmake"].detail
+    assert "GiB free" in checks["disk"].detail
+    for check in checks.values():
+        assert check.ok or check.fix, check  # every missing thing comes with a fix
+
+
+def test_missing_tools_are_reported_with_fixes(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler, ccache, nvcc or nvidia-smi on PATH
+    monkeypatch.setenv("CXX", "no-such-c++")
+    monkeypatch.setenv("CUDACXX", str(tmp_path / "nvcc"))
+    monkeypatch.setattr(doctor.build_lib, "find_nvcc", lambda: None)
+    checks = _by_name(doctor.checks(tmp_path))
+    assert not checks["c++ compiler"].ok and "build-essential" in checks["c++ compiler"].fix
+    assert not checks["ccache"].ok and not checks["ccache"].required and "apt-get install ccache" in checks["ccache"].fix
+    assert not checks["nvcc"].ok and not checks["nvcc"].required
+    assert not checks["gpu"].ok and "--arch" in checks["gpu"].fix
+    assert checks["cmake"].ok  # from the Python package, not PATH
+
+
+def test_doctor_cli(tmp_path):
+    done = run_cli("doctor", "--json", cwd=tmp_path)
+    report = json.loads(done.stdout)
+    required_ok = all(c["ok"] for c in report["checks"] if c["required"])
+    assert report["ok"] is required_ok and done.returncode == (0 if required_ok else 3)
+    done = run_cli("doctor", "--json", cwd=tmp_path, env={"CXX": "no-such-c++", "PATH": os.environ["PATH"]})
+    assert done.returncode == 3 and json.loads(done.stdout)["ok"] is False

@@ -1,0 +1,412 @@
+"""Gates: the schema, threshold expressions, each kind against fake llama binaries, the CLI,
+and (slow) the real gates on the real CPU build."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from buildkit import fake_build, real_build, run_pf, write_script  # noqa: F401 (fixture)
+from conftest import ROOT, assert_clean_error, run_cli
+from polyforge import models as models_lib
+from polyforge import pipeline
+from polyforge.errors import BadInput
+from polyforge.gates import backend_ops, command, perplexity_kld, runner, server
+
+# -- schema ----------------------------------------------------------------------------------
+GOOD = {"name": "g", "kind": "command", "params": {"argv": ["true"]}, "thresholds": ["exit_code == 0"]}
+
+
+def _write_gate(folder: Path, data: dict, name: str = "g") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"name": "other"}, "must be the file's stem"),
+    ({"kind": "weird"}, "'kind' must be one of"),
+    ({"thresholds": []}, "non-empty list"),
+    ({"thresholds": ["exit_code =="]}, "syntax error"),
+    ({"thresholds": ["__import__('os')"]}, "may be called"),
+    ({"thresholds": ["exit_code.real == 0"]}, "Attribute"),
+    ({"extra": 1}, "unknown key"),
+    ({"build": {"requires": "tpu"}}, "build.requires"),
+    ({"params": {"argv": []}}, "non-empty"),
+    ({"params": {"argv": ["x"], "parse": "xml"}}, "params.parse"),
+    ({"params": {"argv": ["{model:m}"]}}, "must be listed under 'models'"),
+    ({"timeout": -1}, "timeout"),
+])
+def test_schema_rejects(tmp_path, change, fragment):
+    path = _write_gate(tmp_path, {**GOOD, **change})
+    with pytest.raises(BadInput, match=fragment):
+        runner.load(path)
+
+
+@pytest.mark.parametrize("kind, params, fragment", [
+    ("perplexity-kld", {"model": "m", "text": "t", "configs": ["q8_0"]}, "not a K/V type pair"),
+    ("perplexity-kld", {"model": "other", "text": "t", "configs": ["q8_0/q8_0"]}, "must be listed"),
+    ("perplexity-kld", {"model": "m", "text": "t", "configs": ["q8_0/q8_0", "q8_0/q8_0"]}, "repeat"),
+    ("backend-ops", {"backend": "CPU"}, "params.op is required"),
+    ("backend-ops", {"op": "ADD", "mode": "perf"}, "test or grad"),
+    ("server", {"model": "m", "requests": [{"name": "a", "path": "health"}]}, "must start with /"),
+    ("server", {"model": "m", "requests": [{"name": "a", "path": "/x", "extract": {"v": "a..b"}}]}, "dotted JSON path"),
+    ("server", {"model": "m", "requests": []}, "non-empty list"),
+])
+def test_kind_params_are_validated(tmp_path, kind, params, fragment):
+    path = _write_gate(tmp_path, {"name": "g", "kind": kind, "models": ["m"], "params": params,
+                                  "thresholds": ["true"]})
+    with pytest.raises(BadInput, match=fragment):
+        runner.load(path)
+
+
+def test_the_repository_gates_load():
+    gates = runner.load_all(ROOT / "gates")
+    names = {g.name for g in gates}
+    assert {"backend-ops-cpu", "kld-gemma3", "server-gemma3"} <= names
+    kinds = {g.kind for g in gates}
+    assert {"backend-ops", "perplexity-kld", "server"} <= kinds
+    kld = next(g for g in gates if g.name == "kld-gemma3")
+    assert kld.params["ctx"] == 2048 and set(kld.params["configs"]) == {"q8_0/q8_0", "q4_0/q4_0"}
+    text = ROOT / "gates" / kld.params["text"]
+    assert text.is_file() and len(text.read_bytes()) <= 200_000
+
+
+def test_unknown_gate(tmp_path):
+    _write_gate(tmp_path, GOOD)
+    with pytest.raises(BadInput, match="unknown gate 'nope' \\(gates: g\\)"):
+        runner.find(tmp_path, "nope")
+    with pytest.raises(BadInput, match="unknown gate"):
+        runner.find(tmp_path, "../etc/passwd")
+
+
+# -- thresholds ------------------------------------------------------------------------------
+METRICS = {
+    "q8_0/q4_0": {"kld_mean": 0.020, "bits_per_pair": 13.0},
+    "q8_0/turbo4": {"kld_mean": 0.024, "bits_per_pair": 12.75},
+    "q4_0/q4_0": {"kld_mean": 0.050, "bits_per_pair": 9.0},
+    "q8_0/turbo3": {"kld_mean": 0.060, "bits_per_pair": 11.75},
+    "passed": 10, "failed": 0, "content": "Paris",
+}
+
+
+@pytest.mark.parametrize("expr, ok", [
+    ("[q8_0/turbo4].kld_mean <= 1.3 * [q8_0/q4_0].kld_mean", True),
+    ("[q8_0/turbo4].kld_mean <= 1.1 * [q8_0/q4_0].kld_mean", False),
+    ("failed == 0 and passed >= 1", True),
+    ("failed > 0 or passed < 1", False),
+    ("0 < [q8_0/q4_0].kld_mean < [q4_0/q4_0].kld_mean", True),
+    ("max([q8_0/q4_0].kld_mean, [q4_0/q4_0].kld_mean) == 0.05", True),
+    ("len(content) > 0", True),
+    # q4_0/q4_0 (0.05, 9.0) dominates q8_0/turbo3 (0.06, 11.75): worse in both
+    ("not dominates('q*/q*', '*/turbo*', 'kld_mean', 'bits_per_pair')", False),
+    ("not dominates('q*/q*', '*/turbo4', 'kld_mean', 'bits_per_pair')", True),
+    ("dominates('q4_0/q4_0', 'q8_0/turbo3', 'kld_mean', 'bits_per_pair')", True),
+    ("dominates('q8_0/q4_0', 'q4_0/q4_0', 'kld_mean', 'bits_per_pair')", False),
+])
+def test_threshold_expressions(expr, ok):
+    result = runner.evaluate(expr, METRICS)
+    assert result["ok"] is ok, result
+    assert "error" not in result
+
+
+def test_threshold_missing_metric_fails_with_reason():
+    result = runner.evaluate("[q8_0/turbo2].kld_mean < 1", METRICS)
+    assert result == {"ok": False, "error": "no metric [q8_0/turbo2].kld_mean", "values": {}}
+    assert runner.evaluate("nothing == 0", METRICS)["error"] == "no metric nothing"
+    assert "no configuration matches" in runner.evaluate("dominates('x*', '*', 'kld_mean')", METRICS)["error"]
+    assert runner.evaluate("passed / failed > 1", METRICS)["error"].startswith("ZeroDivisionError")
+
+
+def test_judge_records_values():
+    verdict = runner.judge("g", METRICS, ["failed == 0", "passed > 100"])
+    assert verdict["ok"] is False and verdict["gate"] == "g" and verdict["metrics"] is METRICS
+    assert verdict["thresholds"]["failed == 0"] == {"ok": True, "values": {"failed": 0}}
+    assert verdict["thresholds"]["passed > 100"]["ok"] is False
+
+
+# -- output parsers on llama.cpp's real output formats --------------------------------------------
+KLD_OUTPUT = """\
+llama_kv_cache: size =   12.00 MiB (  2048 cells,   3 layers,  1/1 seqs), K (q8_0):    6.00 MiB, V (q8_0):    6.00 MiB
+llama_kv_cache_iswa: creating     SWA KV cache, size = 1024 cells
+llama_kv_cache: size =   19.12 MiB (  1024 cells,  15 layers,  1/1 seqs), K (q8_0):    9.56 MiB, V (q8_0):    9.56 MiB
+====== Perplexity statistics ======
+Mean PPL(Q)                   :  21.517893 ±   0.582011
+Mean PPL(base)                :  21.490032 ±   0.580950
+====== KL divergence statistics ======
+Mean    KLD:   0.001234 ±   0.000021
+Maximum KLD:   0.201010
+99.9%   KLD:   0.052311
+99.0%   KLD:   0.011987
+Median  KLD:   0.000511
+====== Token probability statistics ======
+Same top p: 98.432 ± 0.123 %
+"""
+
+
+def test_perplexity_parsers():
+    row = perplexity_kld.parse_kld(KLD_OUTPUT)
+    assert row == {"kld_mean": 0.001234, "kld_p99": 0.011987, "kld_max": 0.20101, "top1": 98.432, "ppl": 21.517893}
+    assert perplexity_kld.kv_mib(KLD_OUTPUT) == 31.12
+    assert perplexity_kld.kv_mib("nothing") is None
+    assert perplexity_kld.bits_per_pair("q8_0/q4_0", perplexity_kld.BITS) == 13.0
+    assert perplexity_kld.bits_per_pair("q8_0/turbo3", perplexity_kld.BITS) is None
+
+
+BACKEND_OPS_OUTPUT = """\
+Testing 1 devices
+
+Backend 1/1: CPU
+  Device description: AMD EPYC
+  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=4,type_KV=q8_0): \x1b[1;32mOK\x1b[0m
+  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=4,type_KV=q4_0): \x1b[1;32mOK\x1b[0m
+  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=4,type_KV=q5_0): not supported [CPU] 
+  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=4,type_KV=q4_1): [FLASH_ATTN_EXT] NMSE = 0.1 > 0.0005 \x1b[1;31mFAIL\x1b[0m
+  3/4 tests passed
+  Backend CPU: \x1b[1;31mFAIL\x1b[0m
+
+Failing tests:
+  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=4,type_KV=q4_1)
+0/1 backends passed
+"""
+
+
+def test_backend_ops_parser():
+    assert backend_ops.parse(BACKEND_OPS_OUTPUT) == {"passed": 2, "failed": 1, "skipped": 1, "total": 4,
+                                                     "reported_total": 4}
+
+
+def test_command_parsers():
+    out = "log line\n{\"not\": json\n{\"ok\": false, \"metrics\": {\"hit_rate\": 0.5}}\ntrailer\n"
+    assert command.parse_output(out, "json") == {"hit_rate": 0.5, "ok": False}
+    assert command.parse_output("x\n12 passed, 0 failed\n13 passed, 2 failed\n", "counts") == {"passed": 13, "failed": 2}
+    assert command.parse_output("nothing", "counts") == {}
+    assert server.json_path({"choices": [{"message": {"content": "hi"}}]}, "choices.0.message.content") == "hi"
+    with pytest.raises(KeyError):
+        server.json_path({"choices": []}, "choices.0.message")
+
+
+# -- kinds against fake binaries ---------------------------------------------------------------
+FAKE_PERPLEXITY = """\
+import sys, os
+args = sys.argv[1:]
+def arg(flag, default=None):
+    return args[args.index(flag) + 1] if flag in args else default
+with open(os.path.join(os.path.dirname(sys.argv[0]), "calls.log"), "a") as f:
+    f.write(" ".join(args) + "\\n")
+size = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}[arg("-ctk")] * 2
+print(f"llama_kv_cache: size = {size:7.2f} MiB (  2048 cells,  18 layers,  1/1 seqs), K (x): 1 MiB, V (x): 1 MiB", file=sys.stderr)
+if "--kl-divergence" not in args:
+    open(arg("--kl-divergence-base"), "w").write("logits")
+    print("Final estimate: PPL = 20.1234 +/- 0.50000")
+else:
+    assert os.path.exists(arg("--kl-divergence-base"))
+    kld = {"q8_0": 0.0012, "q4_0": 0.0300}[arg("-ctk")]
+    print(f"Mean PPL(Q)                   :  {20 + kld:.6f} ±   0.5")
+    print(f"Mean    KLD: {kld:10.6f} ±   0.000021")
+    print(f"Maximum KLD: {kld * 50:10.6f}")
+    print(f"99.0%   KLD: {kld * 8:10.6f}")
+    print(f"Same top p: {100 - kld * 100:6.3f} ± 0.1 %")
+"""
+
+FAKE_BACKEND_OPS = f"""\
+import sys
+print({BACKEND_OPS_OUTPUT.replace("q4_1): [FLASH_ATTN_EXT] NMSE = 0.1 > 0.0005 " + chr(27) + "[1;31mFAIL", "q4_1): " + chr(27) + "[1;32mOK")!r})
+print(" ".join(sys.argv[1:]), file=sys.stderr)
+"""
+
+FAKE_SERVER = """\
+import http.server, json, os, sys, time
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+open(os.path.join(os.path.dirname(sys.argv[0]), "server.pid"), "w").write(str(os.getpid()))
+mode = args[args.index("--fake-mode") + 1] if "--fake-mode" in args else "ok"
+if mode == "crash":
+    print("error: failed to load model", file=sys.stderr)
+    sys.exit(1)
+started = time.time()
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def send(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/health":
+            ready = mode != "never" and time.time() - started > 0.3
+            self.send(200 if ready else 503, {"status": "ok" if ready else "loading"})
+        elif self.path == "/props":
+            self.send(200, {"default_generation_settings": {"n_ctx": 2048}})
+        else:
+            self.send(404, {"error": "not found"})
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/completion":
+            self.send(200, {"content": " Paris", "tokens_predicted": req["n_predict"], "stop": True})
+        else:
+            self.send(404, {"error": "not found"})
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+@pytest.fixture
+def gate_env(proj, monkeypatch):
+    """A project with a fake finished build and a fake model 'm'."""
+    model = proj.root / "m.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setattr(models_lib, "fetch", lambda name, **kw: models_lib.Fetched(name, model, "0" * 64, True, 0.0))
+    build_dir = fake_build(proj.root, "cpu-fake", {"llama-perplexity": FAKE_PERPLEXITY,
+                                                   "test-backend-ops": FAKE_BACKEND_OPS,
+                                                   "llama-server": FAKE_SERVER})
+    (proj.root / "gates" / "data").mkdir(parents=True)
+    (proj.root / "gates" / "data" / "text.txt").write_text("some text\n")
+    return proj, build_dir
+
+
+def _gate(proj, name, kind, params, thresholds, models=("m",), build=None):
+    data = {"name": name, "kind": kind, "models": list(models), "params": params, "thresholds": thresholds,
+            "timeout": 60}
+    if build:
+        data["build"] = build
+    _write_gate(proj.root / "gates", data, name)
+
+
+def test_perplexity_kld_gate(gate_env):
+    proj, build_dir = gate_env
+    _gate(proj, "kld", "perplexity-kld",
+          {"model": "m", "text": "data/text.txt", "ctx": 512, "chunks": 2, "configs": ["q8_0/q8_0", "q4_0/q4_0"],
+           "flags": ["-t", 2]},
+          ["[q8_0/q8_0].kld_mean <= 0.01", "[q4_0/q4_0].kld_mean <= 0.01", "[q4_0/q4_0].kv_mib < [base].kv_mib"],
+          build={"targets": ["llama-perplexity"]})
+    verdict = pipeline.run_gate(proj.chain(), "kld", build_key="cpu-fake")
+    m = verdict["metrics"]
+    assert m["q8_0/q8_0"]["kld_mean"] == 0.0012 and m["q4_0/q4_0"]["kld_mean"] == 0.03
+    assert m["q8_0/q8_0"]["top1"] == 99.88 and m["q8_0/q8_0"]["bits_per_pair"] == 17.0
+    assert m["base"] == {"ppl": 20.1234, "kv_mib": 32.0, "bits_per_pair": 32.0}
+    assert m["q4_0/q4_0"]["kv_mib"] == 9.0
+    assert verdict["ok"] is False  # q4_0's 0.03 is over the 0.01 threshold
+    assert [e for e, r in verdict["thresholds"].items() if not r["ok"]] == ["[q4_0/q4_0].kld_mean <= 0.01"]
+    calls = (build_dir / "bin" / "calls.log").read_text().splitlines()
+    assert len(calls) == 3
+    assert "-ctk f16 -ctv f16" in calls[0] and "--chunks 2" in calls[0] and "-t 2" in calls[0]
+    assert "--kl-divergence" in calls[1].split() and "-ctk q8_0 -ctv q8_0" in calls[1]
+    assert not (build_dir / "gates" / "kld" / "base.kld").exists()  # large logits are removed
+
+
+def test_backend_ops_gate(gate_env):
+    proj, build_dir = gate_env
+    _gate(proj, "ops", "backend-ops", {"op": "FLASH_ATTN_EXT", "pattern": "type_KV=q", "backend": "CPU"},
+          ["failed == 0", "passed >= 1"], models=())
+    verdict = pipeline.run_gate(proj.chain(), "ops", build_key="cpu-fake")
+    assert verdict["ok"] is True
+    assert verdict["metrics"]["passed"] == 3 and verdict["metrics"]["skipped"] == 1
+    log = (build_dir / "gates" / "ops" / "test-backend-ops.log").read_text()
+    assert "test -o FLASH_ATTN_EXT -b CPU -p type_KV=q" in log
+
+
+def _pid_gone(pid_file: Path) -> bool:
+    pid = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+            stat = Path(f"/proc/{pid}/stat").read_text().split()[2]
+            if stat == "Z":
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+SERVER_PARAMS = {"model": "m", "health_timeout": 10, "requests": [
+    {"name": "props", "path": "/props", "extract": {"n_ctx": "default_generation_settings.n_ctx"}},
+    {"name": "completion", "method": "POST", "path": "/completion", "body": {"prompt": "x", "n_predict": 8},
+     "extract": {"content": "content", "predicted": "tokens_predicted", "missing": "no.such.field"}},
+]}
+
+
+def test_server_gate_passes_and_stops_the_server(gate_env):
+    proj, build_dir = gate_env
+    _gate(proj, "srv", "server", SERVER_PARAMS,
+          ["[props].n_ctx == 2048", "[completion].status == 200 and [completion].predicted == 8",
+           "len([completion].content) > 0"])
+    verdict = pipeline.run_gate(proj.chain(), "srv", build_key="cpu-fake")
+    assert verdict["ok"] is True, verdict
+    assert verdict["metrics"]["completion"]["content"] == " Paris"
+    assert "missing" not in verdict["metrics"]["completion"]
+    assert _pid_gone(build_dir / "bin" / "server.pid")
+
+
+@pytest.mark.parametrize("mode, fragment", [("never", "did not become healthy within 2 s"),
+                                            ("crash", "exited with status 1 before it became healthy")])
+def test_server_gate_unhealthy_fails_cleanly(gate_env, mode, fragment):
+    proj, build_dir = gate_env
+    _gate(proj, "srv", "server", {**SERVER_PARAMS, "health_timeout": 2, "flags": ["--fake-mode", mode]},
+          ["[props].status == 200"])
+    verdict = pipeline.run_gate(proj.chain(), "srv", build_key="cpu-fake")
+    assert verdict["ok"] is False and fragment in verdict["error"] and verdict["exit_code"] == 1
+    assert "llama-server.log" in verdict["error"]
+    assert _pid_gone(build_dir / "bin" / "server.pid")
+
+
+def test_command_gate_with_placeholders(gate_env):
+    proj, build_dir = gate_env
+    script = write_script(proj.root / "scripts" / "gate_probe.py", """\
+        import json, sys
+        print("checking", sys.argv[1:])
+        print(json.dumps({"ok": True, "metrics": {"args": len(sys.argv) - 1, "model": sys.argv[2]}}))
+        """)
+    _gate(proj, "cmd", "command",
+          {"argv": ["python", str(script), "--server", "{bin:llama-server}", "--model", "{model:m}", "{work}"],
+           "parse": "json"},
+          ["ok", "args == 5", "exit_code == 0"])
+    verdict = pipeline.run_gate(proj.chain(), "cmd", build_key="cpu-fake")
+    assert verdict["ok"] is True, verdict
+    assert verdict["metrics"]["model"] == str(build_dir / "bin" / "llama-server")
+    _gate(proj, "cmd2", "command", {"argv": ["{bin:no-such-binary}"]}, ["exit_code == 0"], models=())
+    with pytest.raises(BadInput, match="has no no-such-binary"):
+        pipeline.run_gate(proj.chain(), "cmd2", build_key="cpu-fake")
+
+
+def test_gate_requires_matching_build(gate_env):
+    proj, _ = gate_env
+    _gate(proj, "gpu", "command", {"argv": ["true"]}, ["exit_code == 0"], models=(), build={"requires": "cuda"})
+    with pytest.raises(BadInput, match="needs a cuda build"):
+        pipeline.run_gate(proj.chain(), "gpu", build_key="cpu-fake")
+
+
+def test_gate_cli_json_and_exit_codes(gate_env):
+    proj, _ = gate_env
+    _gate(proj, "pass", "command", {"argv": ["true"]}, ["exit_code == 0"], models=())
+    _gate(proj, "fail", "command", {"argv": ["false"]}, ["exit_code == 0"], models=())
+    done = run_cli("gate", "run", "pass", "--build", "cpu-fake", "--json", cwd=proj.root)
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout)
+    assert {"gate", "ok", "metrics", "thresholds"} <= set(verdict) and verdict["ok"] is True
+    done = run_cli("gate", "run", "fail", "--build", "cpu-fake", "--json", cwd=proj.root)
+    assert done.returncode == 1 and json.loads(done.stdout)["ok"] is False
+    assert_clean_error(run_cli("gate", "run", "nope", cwd=proj.root), 2, "unknown gate 'nope'")
+    assert_clean_error(run_cli("gate", "run", "pass", "--build", "zzz", cwd=proj.root), 2, "no such build")
+    listed = json.loads(run_cli("gate", "list", "--json", cwd=proj.root).stdout)
+    assert {g["name"] for g in listed} == {"pass", "fail"}
+
+
+# -- slow: the real gates on the real CPU build --------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["backend-ops-cpu", "kld-gemma3", "server-gemma3"])
+def test_real_gate(real_build, name):
+    done = run_pf("gate", "run", name, "--build", real_build["key"], "--json", cwd=ROOT, timeout=1800)
+    verdict = json.loads(done.stdout)
+    print(json.dumps(verdict, indent=1))
+    assert done.returncode == 0 and verdict["ok"] is True, (verdict, done.stderr[-2000:])
