@@ -9,6 +9,7 @@ overwritten: --force moves it into vendor/backups/ and says where.
 from __future__ import annotations
 
 import lzma
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -115,6 +116,16 @@ def _store_baseline_cache(fresh: VendoredTree, tree: str) -> None:
         (folder / "complete").write_text(tree + "\n")
 
 
+def _link_or_copy_tree(src: Path, dest: Path) -> None:
+    """Hard links where possible: git objects are immutable, so sharing them is safe."""
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+    shutil.copytree(src, dest, copy_function=link, dirs_exist_ok=True)
+
+
 def _from_baseline_cache(chain: Chain) -> Path | None:
     """A vendored repository rebuilt from cached objects, or None on a miss.
 
@@ -128,7 +139,7 @@ def _from_baseline_cache(chain: Chain) -> Path | None:
     try:
         with FileLock(cache_dir() / "baselines.lock", "baseline cache", blocking=True):
             fresh = VendoredTree.initialise(incoming)
-            shutil.copytree(folder / "objects", incoming / ".git" / "objects", dirs_exist_ok=True)
+            _link_or_copy_tree(folder / "objects", incoming / ".git" / "objects")
         fresh.git.read_tree(chain.pin.tree)
         fresh.git.run("checkout-index", "-a", "-f", "-u")
         if fresh.snapshot() != chain.pin.tree:

@@ -1,0 +1,80 @@
+"""Integration on the real pinned llama.cpp (fetched once per machine into the user cache)
+with the test-only chain in tests/data/real-chain (captured with polyforge capture)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+REAL_CHAIN = ROOT / "tests" / "data" / "real-chain"
+
+
+def _project(base: Path, with_chain: bool = True) -> Path:
+    root = base / "real"
+    (root / "vendor").mkdir(parents=True)
+    shutil.copy(ROOT / "vendor" / "pin.yaml", root / "vendor" / "pin.yaml")
+    (root / "patches").mkdir()
+    if with_chain:
+        for path in REAL_CHAIN.iterdir():
+            shutil.copy(path, root / "patches" / path.name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory) -> Path:
+    root = _project(tmp_path_factory.mktemp("real"))
+    done = run_cli("vendor", "fetch", "--json", cwd=root)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    pin_tree = "b2da53584951ec8aa40680229509a6646a637560"
+    assert info["tree"] == pin_tree
+    files = [p for p in (root / "vendor/llama.cpp").rglob("*") if p.is_file() and ".git" not in p.relative_to(root / "vendor/llama.cpp").parts[:1]]
+    assert len(files) == 3665, "every file of the tree, the sdist's gitlink dropped"
+    return root
+
+
+def test_lock_is_reproducible_across_machines(real: Path):
+    committed = json.loads((REAL_CHAIN / "chain.lock").read_text())
+    done = run_cli("lock", cwd=real)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((real / "patches" / "chain.lock").read_text()) == committed
+
+
+def test_apply_verify_unapply_on_the_real_tree(real: Path):
+    done = run_cli("apply", "--json", cwd=real)
+    assert done.returncode == 0, done.stderr
+    assert [r["status"] for r in json.loads(done.stdout)["patches"]] == ["applied"] * 3
+    tree = real / "vendor/llama.cpp"
+    assert (tree / "tools/polyforge-hello/run.sh").stat().st_mode & 0o111
+    assert not (tree / "tools/mtmd/README.md").exists()
+    done = run_cli("verify-patches", "--json", cwd=real)
+    proof = json.loads(done.stdout)
+    assert done.returncode == 0 and proof["ok"], proof
+    assert [p["tree"] for p in proof["patches"]] == [e["tree"] for e in json.loads((REAL_CHAIN / "chain.lock").read_text())["patches"]]
+    done = run_cli("unapply", cwd=real)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(run_cli("status", "--json", cwd=real).stdout)
+    assert status["applied"] == [] and status["live_edits"] == [] and status["baseline_ok"]
+    assert (tree / "tools/mtmd/README.md").exists()
+    assert run_cli("apply", cwd=real).returncode == 0
+
+
+def test_pruned_pack_carries_the_chain(real: Path, tmp_path):
+    pack = tmp_path / "llama.tar.xz"
+    done = run_cli("vendor", "pack", str(pack), "--json", cwd=real)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["tree"] == "28962f2a140d5f2e24ce52b7bef0ebc2659dcd26" and info["bytes"] < 12_000_000
+    other = _project(tmp_path / "other")
+    done = run_cli("vendor", "fetch", "--source", str(pack), "--json", cwd=other)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pruned"] is True
+    assert run_cli("apply", cwd=other).returncode == 0
+    done = run_cli("verify-patches", "--json", cwd=other)
+    assert done.returncode == 0, done.stdout
