@@ -302,9 +302,13 @@ class BuildResult:
 def _artifacts(bin_dir: Path, previous: dict[str, dict]) -> list[dict]:
     """Every shared library and executable under bin/, with sha256 and size (a file whose
     size and mtime match the previous manifest keeps its hash: no-op rebuilds stay fast)."""
-    found = []
+    found: list[dict] = []
     if not bin_dir.is_dir():
         return found
+    links: dict[str, list[str]] = {}  # libllama.so -> libllama.so.0 -> libllama.so.0.5.0
+    for path in sorted(bin_dir.iterdir()):
+        if path.is_symlink() and path.resolve().parent == bin_dir.resolve():
+            links.setdefault(path.resolve().name, []).append(path.name)
     for path in sorted(bin_dir.iterdir()):
         if path.is_symlink() or not path.is_file():
             continue
@@ -319,7 +323,7 @@ def _artifacts(bin_dir: Path, previous: dict[str, dict]) -> list[dict]:
             digest = sha256_file(path)
         found.append({"name": path.name, "path": str(path.relative_to(bin_dir.parent)),
                       "kind": "library" if is_lib else "binary", "size": st.st_size, "sha256": digest,
-                      "mtime_ns": st.st_mtime_ns})
+                      "links": sorted(links.get(path.name, [])), "mtime_ns": st.st_mtime_ns})
     return found
 
 

@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .chain import Chain, prune_tree
+from .chain import Chain, prune_tree, run_chain
 from .errors import BadInput, EnvironmentProblem, PolyforgeError, VerificationFailed
 from .filelock import FileLock
 from .hashing import sha256_file
 from .project import cache_dir
 from .source import adhoc_source, materialise
-from .vendored import VendoredTree
+from .vendored import BASELINE_TAG, BRANCH, VendoredTree
 
 
 @dataclass
@@ -75,15 +75,16 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
             detail = materialise(candidate, pin, incoming, skip=set())
             fresh = VendoredTree.initialise(incoming)
             got = fresh.snapshot()
-            pruned = False
-            if got != pin.tree:
-                if pin.pack_tree and got == pin.pack_tree:
-                    pruned = True
-                else:
+            message = f"llama.cpp {pin.release} ({pin.commit[:12]}) from {candidate.name}"
+            if got in (pin.tree, pin.pack_tree):
+                pruned = got != pin.tree
+                fresh.commit_baseline(message)
+            else:
+                pruned = _adopt_patched(chain, fresh, got, message)
+                if pruned is None:
                     raise VerificationFailed(
                         f"source '{candidate.name}' yields tree {got}, the pin says {pin.tree}"
                         + (f" (or {pin.pack_tree} pruned)" if pin.pack_tree else ""))
-            fresh.commit_baseline(f"llama.cpp {pin.release} ({pin.commit[:12]}) from {candidate.name}")
             fresh.write_state(source=candidate.name, detail=detail, pruned=pruned)
             if not pruned:
                 _store_baseline_cache(fresh, got)
@@ -99,6 +100,38 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
         backup = _swap_in(chain, incoming)
         return FetchResult(candidate.name, detail, got, pruned, time.monotonic() - started, skipped, backup)
     raise EnvironmentProblem("no source could be fetched: " + "; ".join(skipped))
+
+
+def _adopt_patched(chain: Chain, fresh: VendoredTree, got: str, message: str) -> bool | None:
+    """A tree that is the pinned baseline plus a prefix of the chain (a `pack --patched`).
+
+    Recognised by its tree id in chain.lock; the baseline is rebuilt by reverse-applying the
+    prefix and must be the pinned tree. Returns whether it is pruned, or None if unknown.
+    """
+    lock = chain.lock()
+    if lock is None:
+        return None
+    for pruned, base in ((False, chain.pin.tree), (True, chain.pin.pack_tree)):
+        trees = [e.pack_tree if pruned else e.tree for e in lock.patches]
+        if got not in trees:
+            continue
+        count = trees.index(got) + 1
+        patches = {p.name: p for p in chain.patches()}
+        prefix = [patches.get(e.name) for e in lock.patches[:count]]
+        if None in prefix or [p.sha256 for p in prefix] != [e.sha256 for e in lock.patches[:count]]:
+            raise VerificationFailed("the archive is a patched tree, but patches/ no longer holds its chain")
+        steps = run_chain(fresh.git, got, list(reversed(prefix)), reverse=True)
+        if not all(s.ok for s in steps) or steps[-1].tree != base:
+            raise VerificationFailed(f"the patched archive does not reverse to the pinned baseline {base}")
+        commit = fresh.git.commit_tree(base, message)
+        fresh.git.run("tag", "-f", BASELINE_TAG, commit)
+        for patch, tree in zip(prefix, trees[:count]):
+            commit = fresh.patch_commit(commit, tree, patch.name, patch.sha256)
+        fresh.git.run("update-ref", BRANCH, commit)
+        fresh.git.run("symbolic-ref", "HEAD", BRANCH)
+        fresh.sync_index()
+        return pruned
+    return None
 
 
 def _baseline_cache(tree: str) -> Path:

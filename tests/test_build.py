@@ -168,6 +168,7 @@ def test_build_manifest_reuse_and_incremental_live_edit(tiny):
     manifest = json.loads((plan.build_dir / "manifest.json").read_text())
     names = {a["name"]: a for a in manifest["artifacts"]}
     assert {"libggml.so", "libllama.so", "llama-cli"} <= set(names)
+    assert names["llama-cli"]["kind"] == "binary" and names["libllama.so"]["kind"] == "library"
     for art in manifest["artifacts"]:
         path = plan.build_dir / art["path"]
         assert art["sha256"] == sha256_file(path) and art["size"] == path.stat().st_size

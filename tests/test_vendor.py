@@ -159,3 +159,24 @@ def test_pack_round_trip_is_pruned_and_reproducible(fetched: Proj, tmp_path):
 def test_pack_rejects_other_suffix(fetched: Proj, tmp_path):
     with pytest.raises(BadInput, match=".tar.xz"):
         vendor.pack(fetched.chain(), tmp_path / "a.zip")
+
+
+def test_patched_pack_is_recognised_and_its_chain_rebuilt(fetched: Proj, tmp_path):
+    from conftest import capture
+    capture(fetched, "0001-a", {"src/llama.h": "patched\n", "src/new.c": "new\n"})
+    capture(fetched, "0002-b", {"README.md": "patched too\n"})
+    info = vendor.pack(fetched.chain(), tmp_path / "patched.tar.xz", patched=True)
+    root = tmp_path / "other"
+    write_pin(root, fetched.upstream)
+    import shutil
+    shutil.copytree(fetched.patches, root / "patches")
+    other = Proj(root, fetched.upstream)
+    result = vendor.fetch(other.chain(), source=info["path"])
+    assert result.pruned
+    chain = other.chain()
+    assert [a.name for a in chain.tree.applied()] == ["0001-a.patch", "0002-b.patch"]
+    assert chain.tree.baseline_tree() == fetched.upstream.pack_tree
+    from polyforge import verify
+    assert verify.verify(chain).ok
+    chain.unapply()
+    assert chain.tree.snapshot() == fetched.upstream.pack_tree
