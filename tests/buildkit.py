@@ -19,6 +19,7 @@ CMAKE_FILES = {
         add_library(ggml SHARED ggml/ggml.c)
         add_library(llama SHARED src/llama.c)
         target_link_libraries(llama PRIVATE ggml)
+        set_target_properties(llama PROPERTIES VERSION 0.5.0 SOVERSION 0)
         add_executable(llama-cli tools/cli.c)
         target_link_libraries(llama-cli PRIVATE llama)
         add_executable(test-thing tests/thing.c)

@@ -167,8 +167,9 @@ def test_build_manifest_reuse_and_incremental_live_edit(tiny):
     assert lines and lines[-1][0] == lines[-1][1]  # ninja's [n/m] reached m
     manifest = json.loads((plan.build_dir / "manifest.json").read_text())
     names = {a["name"]: a for a in manifest["artifacts"]}
-    assert {"libggml.so", "libllama.so", "llama-cli"} <= set(names)
-    assert names["llama-cli"]["kind"] == "binary" and names["libllama.so"]["kind"] == "library"
+    assert {"libggml.so", "libllama.so.0.5.0", "llama-cli"} <= set(names) and "libllama.so" not in names
+    assert names["libllama.so.0.5.0"]["links"] == ["libllama.so", "libllama.so.0"]
+    assert names["llama-cli"]["kind"] == "binary" and names["libllama.so.0.5.0"]["kind"] == "library"
     for art in manifest["artifacts"]:
         path = plan.build_dir / art["path"]
         assert art["sha256"] == sha256_file(path) and art["size"] == path.stat().st_size
