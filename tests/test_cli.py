@@ -108,21 +108,26 @@ def test_lock_held_by_another_run(chained: Proj):
     assert chained.chain().tree.applied() == []
 
 
-def test_interrupted_apply_is_recovered(chained: Proj, monkeypatch):
-    chain = chained.chain()
-    before = chain.tree.snapshot()
+def _apply_cut_short(chain, monkeypatch) -> None:
+    """Interrupt apply after the live tree moved but before the branch did."""
     real_run = Git.run
 
     def crash_on_ref_update(self, *args, **kwargs):
         if args and args[0] == "update-ref":
-            raise KeyboardInterrupt  # the live tree moved, the branch did not: a half-done apply
+            raise KeyboardInterrupt
         return real_run(self, *args, **kwargs)
 
-    monkeypatch.setattr(Git, "run", crash_on_ref_update)
-    with pytest.raises(KeyboardInterrupt):
-        with chain.locked():
-            chain.apply()
-    monkeypatch.setattr(Git, "run", real_run)
+    with monkeypatch.context() as patched:
+        patched.setattr(Git, "run", crash_on_ref_update)
+        with pytest.raises(KeyboardInterrupt):
+            with chain.locked():
+                chain.apply()
+
+
+def test_interrupted_apply_is_recovered(chained: Proj, monkeypatch):
+    chain = chained.chain()
+    before = chain.tree.snapshot()
+    _apply_cut_short(chain, monkeypatch)
     assert chain.tree.pending_journal() is not None
     assert chained.read("src/llama.h").endswith("int f1(void);\n"), "the files had moved"
     status = json.loads(run_cli("status", "--json", cwd=chained.root).stdout)
@@ -141,18 +146,7 @@ def test_interrupted_apply_with_new_files_is_recovered(fetched: Proj, monkeypatc
     chain = fetched.chain()
     chain.unapply()
     before = chain.tree.snapshot()
-    real_run = Git.run
-
-    def crash(self, *args, **kwargs):
-        if args and args[0] == "update-ref":
-            raise KeyboardInterrupt
-        return real_run(self, *args, **kwargs)
-
-    monkeypatch.setattr(Git, "run", crash)
-    with pytest.raises(KeyboardInterrupt):
-        with chain.locked():
-            chain.apply()
-    monkeypatch.setattr(Git, "run", real_run)
+    _apply_cut_short(chain, monkeypatch)
     assert (fetched.tree / "src/brand-new.c").exists()
     with chain.locked() as notices:
         assert notices and "interrupted apply" in notices[0]
