@@ -33,7 +33,8 @@ DEFAULT_TARGETS = ("ggml", "llama", "llama-server", "llama-cli", "llama-bench", 
 BUILD_TYPES = ("Release", "Debug", "RelWithDebInfo")
 BUILD_CONFIG = "build.yaml"  # under gates/: the K/V pairs the chain needs, one place
 MANIFEST = "manifest.json"
-LOG = "build.log"
+LOG = "build.log"  # the last build's full output (ninja and the compilers)
+CONFIGURE_LOG = "configure.log"  # cmake's output when this key was configured
 _CONFIGURED = ".polyforge-configured"
 
 # Offline: the server UI would download prebuilt assets; FetchContent must never reach out.
@@ -343,13 +344,14 @@ def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
     log = build_dir / LOG
     with FileLock(build_dir / ".lock", f"build {plan_.key}"):
         configured = False
-        if not (build_dir / _CONFIGURED).is_file():
-            log.write_text("")
+        if not (build_dir / _CONFIGURED).is_file() or not (build_dir / "build.ninja").is_file():
+            configure_log = build_dir / CONFIGURE_LOG
+            configure_log.write_text("")
             (build_dir / "CMakeCache.txt").unlink(missing_ok=True)  # a half-configured cache is not reused
-            status = cmake.configure(plan_.source_dir, build_dir, plan_.cache_args, log_path=log,
+            status = cmake.configure(plan_.source_dir, build_dir, plan_.cache_args, log_path=configure_log,
                                      env=plan_.env, on_line=on_line)
             if status != 0:
-                _fail("cmake configure failed", log)
+                _fail("cmake configure failed", configure_log)
             (build_dir / _CONFIGURED).write_text(json.dumps(plan_.cache_args) + "\n")
             configured = True
         known = cmake.known_targets(build_dir, env=plan_.env)
@@ -364,6 +366,7 @@ def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
             if on_line is not None:
                 on_line(line)
 
+        log.write_text("")
         status = cmake.build(build_dir, plan_.targets, jobs=plan_.jobs, log_path=log, env=plan_.env,
                              on_line=line_seen)
         if status != 0:
@@ -379,6 +382,7 @@ def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
             "targets": sorted(set(old_targets) | set(plan_.targets)),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "log": str(log),
+            "configure_log": str(build_dir / CONFIGURE_LOG),
             "artifacts": _artifacts(build_dir / "bin", previous),
         }
         tmp = build_dir / (MANIFEST + ".tmp")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -226,12 +228,33 @@ def test_cli_build_print_plan_list_and_errors(tiny):
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["targets"] == ["llama-cli"] and plan["configured"] is False
+    done = run_cli("build", "--target", "llama-cli", cwd=tiny.root)
+    assert done.returncode == 0, done.stderr
+    assert "  [1/" in done.stderr and f"ok {plan['key']}" in done.stderr and "(configured)" in done.stderr
     done = run_cli("build", "--target", "llama-cli", "--json", cwd=tiny.root)
     assert done.returncode == 0, done.stderr
     built = json.loads(done.stdout)
-    assert built["ok"] and built["key"] == plan["key"]
+    assert built["ok"] and built["key"] == plan["key"] and built["configured"] is False
     assert any(a["name"] == "llama-cli" for a in built["artifacts"])
     done = run_cli("build", "--list", "--json", cwd=tiny.root)
     assert [r["key"] for r in json.loads(done.stdout)] == [plan["key"]]
     assert_clean_error(run_cli("build", "--target", "nope", cwd=tiny.root), 2, "unknown build target")
     assert_clean_error(run_cli("build", "--arch", "90", cwd=tiny.root), 2, "--arch needs --cuda")
+
+
+@pytest.mark.skipif(shutil.which("ccache") is None, reason="ccache is not installed (CI installs it)")
+def test_a_new_key_hits_ccache(tiny, tmp_path, monkeypatch):
+    """A fresh build directory (new key, same sources and flags) compiles from ccache:
+    the namespace is the toolchain's, and BASEDIR makes the paths relative."""
+    monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))
+    first = _plan(tiny)
+    build_lib.run(first)
+    second = _plan(tiny, defines=["UNUSED_PROBE=1"])  # a new key; the 3 objects compile the same
+    assert second.build_dir != first.build_dir
+    done = subprocess.run(["ccache", "-z"], capture_output=True, text=True, env={**os.environ, **second.env})
+    assert done.returncode == 0
+    assert build_lib.run(second).configured
+    stats = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True,
+                           env={**os.environ, **second.env}).stdout
+    counts = dict(line.split("\t") for line in stats.splitlines() if line.count("\t") == 1)
+    assert int(counts["direct_cache_hit"]) == 3 and int(counts["cache_miss"]) == 0, counts

@@ -202,7 +202,8 @@ def arg(flag, default=None):
 with open(os.path.join(os.path.dirname(sys.argv[0]), "calls.log"), "a") as f:
     f.write(" ".join(args) + "\\n")
 size = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}[arg("-ctk")] * 2
-print(f"llama_kv_cache: size = {size:7.2f} MiB (  2048 cells,  18 layers,  1/1 seqs), K (x): 1 MiB, V (x): 1 MiB", file=sys.stderr)
+if arg("-lv") == "4":  # llama's info lines only show at verbosity 4
+    print(f"llama_kv_cache: size = {size:7.2f} MiB (  2048 cells,  18 layers,  1/1 seqs), K (x): 1 MiB, V (x): 1 MiB", file=sys.stderr)
 if "--kl-divergence" not in args:
     open(arg("--kl-divergence-base"), "w").write("logits")
     print("Final estimate: PPL = 20.1234 +/- 0.50000")
@@ -410,3 +411,39 @@ def test_real_gate(real_build, name):
     verdict = json.loads(done.stdout)
     print(json.dumps(verdict, indent=1))
     assert done.returncode == 0 and verdict["ok"] is True, (verdict, done.stderr[-2000:])
+
+
+TURBO_KLD = """\
+name: turbo-kld
+kind: perplexity-kld
+description: the shape of the gate the kernel work adds once the turbo types exist
+build: {targets: [llama-perplexity]}
+models: [gemma3-270m]
+params:
+  model: gemma3-270m
+  text: data/llama-docs.txt
+  ctx: 1024
+  configs: [q8_0/q4_0, q8_0/turbo4, q8_0/turbo3, turbo3/turbo3]
+  bits: {turbo4: 4.25, turbo3: 3.25}
+thresholds:
+  - "[q8_0/turbo4].kld_mean <= 1.3 * [q8_0/q4_0].kld_mean"
+  - "not dominates('q*/q*', '*/turbo*', 'kld_mean', 'bits_per_pair')"
+"""
+
+
+def test_turbo_kld_schema_compares_configurations(tmp_path):
+    path = tmp_path / "turbo-kld.yaml"
+    path.write_text(TURBO_KLD)
+    gate = runner.load(path)
+    assert gate.params["bits"]["turbo3"] == 3.25 and gate.params["bits"]["q8_0"] == 8.5
+    assert perplexity_kld.bits_per_pair("q8_0/turbo3", gate.params["bits"]) == 11.75
+    metrics = {"q8_0/q4_0": {"kld_mean": 0.020, "bits_per_pair": 13.0},
+               "q8_0/turbo4": {"kld_mean": 0.024, "bits_per_pair": 12.75},
+               "q8_0/turbo3": {"kld_mean": 0.030, "bits_per_pair": 11.75},
+               "turbo3/turbo3": {"kld_mean": 0.060, "bits_per_pair": 6.5}}
+    assert runner.judge(gate.name, metrics, gate.thresholds)["ok"] is True
+    # an upstream configuration both smaller and closer than a turbo one fails the gate
+    metrics["q4_0/q4_0"] = {"kld_mean": 0.025, "bits_per_pair": 9.0}
+    verdict = runner.judge(gate.name, metrics, gate.thresholds)
+    assert verdict["ok"] is False
+    assert verdict["thresholds"]["not dominates('q*/q*', '*/turbo*', 'kld_mean', 'bits_per_pair')"]["ok"] is False

@@ -100,12 +100,13 @@ def build(
 @app.command()
 def doctor(json_out: bool = typer.Option(False, "--json")) -> None:
     """Python, cmake, ninja, compilers, nvcc, GPU, ccache, free disk: each ok or missing, with the fix."""
+    from pathlib import Path
     from .. import doctor as doctor_lib
-    from ..project import Project
+    from ..errors import BadInput
     try:
         root = find_project().build_root
-    except Exception:  # doctor also runs outside a project
-        root = Project(__import__("pathlib").Path.cwd()).build_root
+    except BadInput:  # doctor also runs outside a project
+        root = Path.cwd()
     results = doctor_lib.checks(root)
     ok = all(c.ok for c in results if c.required)
     if json_out:

@@ -85,7 +85,8 @@ def run(ctx) -> dict:
     model = ctx.model(p["model"])
     text = ctx.data(p["text"])
     base_file = ctx.work_dir / "base.kld"
-    common = ["-m", model, "-c", str(p["ctx"])] + (["--chunks", str(p["chunks"])] if p["chunks"] else [])
+    # -lv 4: llama's own info lines (the KV cache size) are below the default verbosity
+    common = ["-m", model, "-c", str(p["ctx"]), "-lv", "4"] + (["--chunks", str(p["chunks"])] if p["chunks"] else [])
     common += [ctx.substitute(f) for f in p["flags"]]
     bk, bv = p["base"].split("/")
     metrics: dict = {}
