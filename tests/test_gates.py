@@ -404,10 +404,17 @@ def test_gate_cli_json_and_exit_codes(gate_env):
 
 
 # -- slow: the real gates on the real CPU build --------------------------------------------------
+def _cpu_gates() -> list[str]:
+    """Every gate in gates/ that runs on a CPU build: a new gate is covered by CI by existing."""
+    gates = [runner.find(ROOT / "gates", p.stem) for p in sorted((ROOT / "gates").glob("*.yaml")) if p.stem != "build"]
+    return [g.name for g in gates if g.applies_to(False)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["backend-ops-cpu", "kld-gemma3", "server-gemma3"])
+@pytest.mark.parametrize("name", _cpu_gates())
 def test_real_gate(real_build, name):
-    done = run_pf("gate", "run", name, "--build", real_build["key"], "--json", cwd=ROOT, timeout=1800)
+    # no --build: the gate adds the targets it needs to the same build (targets are not in the key)
+    done = run_pf("gate", "run", name, "--json", cwd=ROOT, timeout=3600)
     verdict = json.loads(done.stdout)
     print(json.dumps(verdict, indent=1))
     assert done.returncode == 0 and verdict["ok"] is True, (verdict, done.stderr[-2000:])
