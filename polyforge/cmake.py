@@ -41,27 +41,24 @@ def _tool_in_package(module: str, attr: str, exe: str) -> Path | None:
     return None
 
 
-def find_cmake() -> Path:
-    """cmake from the `cmake` package (or POLYFORGE_CMAKE, for tests and odd setups)."""
-    override = os.environ.get("POLYFORGE_CMAKE")
+def _find_tool(exe: str, module: str, attr: str) -> Path:
+    """`exe` from its PyPI package (or POLYFORGE_<EXE>, for tests and odd setups)."""
+    override = os.environ.get(f"POLYFORGE_{exe.upper()}")
     if override:
         return Path(override)
-    found = _tool_in_package("cmake", "CMAKE_BIN_DIR", "cmake") or _next_to_python("cmake")
+    found = _tool_in_package(module, attr, exe) or _next_to_python(exe)
     if found is None:
-        raise EnvironmentProblem("cmake not found in this Python environment",
-                                 hint="pip install cmake (it is a polyforge dependency)")
+        raise EnvironmentProblem(f"{exe} not found in this Python environment",
+                                 hint=f"pip install {module} (it is a polyforge dependency)")
     return found
+
+
+def find_cmake() -> Path:
+    return _find_tool("cmake", "cmake", "CMAKE_BIN_DIR")
 
 
 def find_ninja() -> Path:
-    override = os.environ.get("POLYFORGE_NINJA")
-    if override:
-        return Path(override)
-    found = _tool_in_package("ninja", "BIN_DIR", "ninja") or _next_to_python("ninja")
-    if found is None:
-        raise EnvironmentProblem("ninja not found in this Python environment",
-                                 hint="pip install ninja (it is a polyforge dependency)")
-    return found
+    return _find_tool("ninja", "ninja", "BIN_DIR")
 
 
 def _next_to_python(exe: str) -> Path | None:
