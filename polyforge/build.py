@@ -153,20 +153,25 @@ def find_cublas(nvcc: str) -> str | None:
     return None
 
 
-def local_gpu_archs() -> list[str]:
-    """Compute capabilities of the local GPUs as CMake architectures ('9.0' -> '90')."""
+def query_gpus(fields: str) -> list[list[str]]:
+    """One row of nvidia-smi --query-gpu=FIELDS per GPU; [] without a usable nvidia-smi."""
     smi = proc.which("nvidia-smi")
     if smi is None:
         return []
     try:
-        done = proc.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=30)
+        done = proc.run([smi, f"--query-gpu={fields}", "--format=csv,noheader"], timeout=30)
     except EnvironmentProblem:
         return []
     if done.returncode != 0:
         return []
+    return [[p.strip() for p in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+
+
+def local_gpu_archs() -> list[str]:
+    """Compute capabilities of the local GPUs as CMake architectures ('9.0' -> '90')."""
     archs = []
-    for line in done.stdout.splitlines():
-        m = re.match(r"^\s*(\d+)\.(\d+)\s*$", line)
+    for (cap, *_) in query_gpus("compute_cap"):
+        m = re.match(r"^(\d+)\.(\d+)$", cap)
         if m:
             archs.append(f"{m.group(1)}{m.group(2)}")
     return sorted(set(archs))

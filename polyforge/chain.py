@@ -11,13 +11,12 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
 from . import patchfile
 from .errors import BadInput, VerificationFailed
 from .filelock import FileLock
-from .git import Git, GitFailed, scratch_index
+from .git import Git, scratch_index
 from .lockfile import ChainLock, LockEntry
 from .patchfile import Patch
 from .project import Project

@@ -77,18 +77,8 @@ def checks(disk_path: Path) -> list[Check]:
 
 
 def _gpus() -> list[str]:
-    smi = proc.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        done = proc.run([smi, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"], timeout=30)
-    except EnvironmentProblem:
-        return []
-    if done.returncode != 0:
-        return []
     rows = []
-    for line in done.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
+    for parts in build_lib.query_gpus("name,compute_cap,memory.total"):
         if len(parts) >= 2:
             rows.append(f"{parts[0]} (compute capability {parts[1]}" + (f", {parts[2]})" if len(parts) > 2 else ")"))
     return rows

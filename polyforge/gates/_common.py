@@ -27,6 +27,14 @@ def need(params: dict, key: str, kind: type | tuple, where: str, default=None, r
     return value
 
 
+def need_model(params: dict, where: str, models: tuple[str, ...]) -> str:
+    """params.model, which the gate must also list under 'models' (so it is fetched)."""
+    model = need(params, "model", str, where, required=True)
+    if model not in models:
+        raise BadInput(f"{where}: params.model {model} must be listed under 'models'")
+    return model
+
+
 def only(params: dict, allowed: set[str], where: str) -> None:
     extra = set(params) - allowed
     if extra:

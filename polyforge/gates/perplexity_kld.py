@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from ._common import need, only, run_logged, str_list
+from ._common import need, need_model, only, run_logged, str_list
 from ..errors import BadInput, VerificationFailed
 
 # bits per element of the ggml KV types (block size in bits / elements per block)
@@ -40,9 +40,7 @@ def _pair(text: str, where: str) -> str:
 
 def validate(params: dict, where: str, models: tuple[str, ...]) -> dict:
     only(params, {"model", "text", "ctx", "chunks", "base", "configs", "flags", "bits"}, where)
-    model = need(params, "model", str, where, required=True)
-    if model not in models:
-        raise BadInput(f"{where}: params.model {model} must be listed under 'models'")
+    model = need_model(params, where, models)
     configs = params.get("configs")
     if not isinstance(configs, list) or not configs:
         raise BadInput(f"{where}: params.configs must be a non-empty list of K/V pairs")

@@ -18,16 +18,14 @@ import urllib.request
 
 from .. import proc
 from ..errors import BadInput, VerificationFailed
-from ._common import need, only, str_list
+from ._common import need, need_model, only, str_list
 
 _PATH = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
 
 
 def validate(params: dict, where: str, models: tuple[str, ...]) -> dict:
     only(params, {"model", "flags", "health_timeout", "requests"}, where)
-    model = need(params, "model", str, where, required=True)
-    if model not in models:
-        raise BadInput(f"{where}: params.model {model} must be listed under 'models'")
+    model = need_model(params, where, models)
     requests = params.get("requests")
     if not isinstance(requests, list) or not requests:
         raise BadInput(f"{where}: params.requests must be a non-empty list")
