@@ -22,15 +22,13 @@ import os
 import shlex
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+
+from llama_server import Server, log
 
 GATE = "shared-pool"
 
@@ -49,19 +47,6 @@ THRESHOLDS = {
 AGENTS = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf", "Hotel"]
 LOCKERS = [8213, 5527, 6391, 7048, 2964, 4183, 9752, 3606]
 NEEDLE_CODE = 4719
-
-
-T0 = time.time()
-
-
-def log(*a):
-    print(f"[gate {time.time() - T0:6.1f}s]", *a, file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_document(n_sections):
@@ -96,84 +81,12 @@ def make_suffix(i):
     return memo + q
 
 
-class Server:
+class PoolServer(Server):
+    """llama-server with /metrics and a slot-save folder (the naive baseline restores slots)."""
+
     def __init__(self, binary, model, args, log_dir, name, slot_dir):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.name = name
         self.slot_dir = slot_dir
-        self.log_path = os.path.join(log_dir, f"{name}.log")
-        self.cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
-                    "--metrics", "--slot-save-path", self.slot_dir + "/"] + args
-        log(f"start {name}: {' '.join(shlex.quote(c) for c in self.cmd)}")
-        self.log_file = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log_file, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def wait_ready(self, timeout):
-        t_end = time.time() + timeout
-        while time.time() < t_end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}, see {self.log_path}")
-            try:
-                st, _ = self.get("/health", timeout=2)
-                if st == 200:
-                    return
-            except Exception:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"{self.name} not healthy after {timeout}s, see {self.log_path}")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=15)
-        self.log_file.close()
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def _req(self, method, path, body=None, timeout=600):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                raw = r.read().decode()
-                status = r.status
-        except urllib.error.HTTPError as e:
-            raw = e.read().decode()
-            status = e.code
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw
-
-    def get(self, path, timeout=60):
-        return self._req("GET", path, timeout=timeout)
-
-    def post(self, path, body, timeout=600):
-        return self._req("POST", path, body, timeout=timeout)
-
-    def log_text(self):
-        self.log_file.flush()
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def tokenize(self, text, add_special):
-        st, r = self.post("/tokenize", {"content": text, "add_special": add_special, "parse_special": True})
-        assert st == 200, r
-        return r["tokens"]
+        super().__init__(binary, model, ["--metrics", "--slot-save-path", slot_dir + "/"] + list(args), log_dir, name)
 
     def kv_cells(self):
         """Scrape /metrics: {metric: {cache: value}}; the scrape also resets kv_cells_used_max."""
@@ -231,7 +144,7 @@ def run_gate(args):
 
     def start(name, parallel, ctx, more=(), kv_unified=True):
         a = ["--parallel", str(parallel), "-c", str(ctx)] + (["--kv-unified"] if kv_unified else []) + list(more) + extra
-        s = Server(args.server, args.model, a, log_dir, name, slot_dir)
+        s = PoolServer(args.server, args.model, a, log_dir, name, slot_dir)
         servers.append(s)
         s.wait_ready(args.startup_timeout)
         return s

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Gate `mtp`: 0074 speculative MTP on the tiny trained gemma4 target + gemma4-assistant pair.
+
+The fixture (gates/data/mtp/, made by scripts/train_mtp_fixture.py) is a gemma4 target and
+its gemma4-assistant draft head, trained on gates/data/llama-docs.txt. For each configuration
+llama-server runs greedy completions of N prompts x T tokens (one slot, -fa on) and the gate
+checks, against the same server without MTP and the same KV types:
+
+1. lossless: MTP-on tokens equal MTP-off tokens for every prompt, and teacher-forced top-1
+   agreement is 1.0 (each MTP-on token is the target's greedy token after the MTP-on prefix,
+   asked one token at a time of a server without MTP);
+2. acceptance: sum(draft_n_accepted) / sum(draft_n) of the MTP runs;
+3. speed: decode tokens/s with MTP over without, from the same run (reported; a benchmark, not
+   a verdict on this shared machine);
+4. the same with -ctk/-ctv turbo3 (the draft reads the target's turbo3 K/V);
+5. the atomic-llama-cpp-turboquant command line (--mtp-head, --spec-type mtp,
+   --draft-block-size 3, --draft-max 8, --draft-min 0, -ngld, -ctkd/-ctvd turbo3) serves;
+6. the centroid-head assistant drafts, and the same head in the fork's file format (arch
+   `gemma4_assistant`, mtp.* tensor names, no embedding_length_out / nextn_predict_layers)
+   drafts exactly like it;
+7. bad input is refused at load with one clear line and a clean exit: a missing file, a head
+   built for another target width, a centroid table that does not divide the vocabulary, an
+   ordering that is not a permutation, an ordering of the wrong length.
+
+Stdlib + numpy + gguf-py (for the bad-input files). Prints one verdict JSON on stdout, logs on
+stderr; exit 0 only when ok.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+from gguf_rewrite import rewrite
+from llama_server import Server, log
+
+GATE = "mtp"
+
+THRESHOLDS = {
+    "min_acceptance": 0.6,
+    "min_teacher_forced": 1.0,
+}
+
+TURBO = ["-ctk", "turbo3", "-ctv", "turbo3", "-ctkd", "turbo3", "-ctvd", "turbo3"]
+
+
+def make_prompts(text, n_prompts, n_chars):
+    """n_prompts snippets of the training text, each starting at a line start, spread evenly."""
+    starts = [i + 1 for i, c in enumerate(text[:-n_chars]) if c == "\n" and text[i + 1].isalpha()]
+    step = max(1, len(starts) // n_prompts)
+    return [text[starts[k * step]:starts[k * step] + n_chars] for k in range(n_prompts)]
+
+
+def greedy(server, prompt, n_predict, cache_prompt=False):
+    st, r = server.post("/completion", {
+        "prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": 0,
+        "ignore_eos": True, "cache_prompt": cache_prompt, "return_tokens": True,
+    })
+    if st != 200:
+        raise RuntimeError(f"{server.name}: /completion returned {st}: {r}")
+    return r["tokens"], r["timings"]
+
+
+def run_config(args, name, extra, prompts, log_dir):
+    """Greedy completions of every prompt on a fresh server; tokens, draft counts and decode speed."""
+    server = Server(args.server, args.target, ["-c", "2048", "--parallel", "1", "-fa", "on",
+                                               "-ngl", str(args.ngl), "--no-warmup"] + extra, log_dir, name)
+    try:
+        server.wait_ready(args.startup_timeout)
+        tokens, draft_n, accepted, predicted_n, predicted_ms = [], 0, 0, 0, 0.0
+        for p in prompts:
+            toks, t = greedy(server, p, args.n_predict)
+            tokens.append(toks)
+            draft_n += t.get("draft_n", 0)
+            accepted += t.get("draft_n_accepted", 0)
+            predicted_n += t["predicted_n"]
+            predicted_ms += t["predicted_ms"]
+        return {"tokens": tokens, "draft_n": draft_n, "draft_n_accepted": accepted,
+                "acceptance": accepted / draft_n if draft_n else 0.0,
+                "tps": 1000.0 * predicted_n / predicted_ms}
+    finally:
+        server.stop()
+
+
+def teacher_forced(args, extra, prompts, outputs, log_dir, name):
+    """Fraction of positions where the MTP-on token is the target's greedy token after the MTP-on prefix."""
+    server = Server(args.server, args.target, ["-c", "2048", "--parallel", "1", "-fa", "on",
+                                               "-ngl", str(args.ngl), "--no-warmup"] + extra, log_dir, name)
+    try:
+        server.wait_ready(args.startup_timeout)
+        agree = total = 0
+        for p, out in zip(prompts, outputs):
+            prefix = server.tokenize(p, add_special=True)
+            for tok in out:
+                nxt, _ = greedy(server, prefix, 1, cache_prompt=True)
+                agree += int(nxt == [tok])
+                total += 1
+                prefix = prefix + [tok]
+        return agree / total
+    finally:
+        server.stop()
+
+
+def bad_inputs(args, work):
+    """Files a user could pass by mistake, each with the start-up line the server must refuse it with."""
+    import numpy as np
+
+    sys.path.insert(0, args.gguf_py)
+    import gguf
+
+    rng = np.random.default_rng(0)
+    reader = gguf.GGUFReader(args.assistant_centroid)
+    shapes = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
+    n_embd, n_centroids = shapes["masked_embd_centroids.weight"]
+    n_vocab = shapes["masked_embd_ordering"][0]
+    ordering = np.array(reader.get_tensor([t.name for t in reader.tensors].index("masked_embd_ordering")).data)
+
+    cases = {}
+
+    # a head trained for a target of another width: its projections are consistent with each other
+    pre = shapes["nextn.pre_projection.weight"]   # [2 * n_bb, n_embd]
+    n_bb = pre[0] // 2
+    wrong_bb = n_bb // 2
+    arch = "gemma4-assistant"
+    path = os.path.join(work, "width.gguf")
+    rewrite(gguf, args.assistant, path, drop_kv=(f"{arch}.embedding_length_out",),
+            kv={f"{arch}.embedding_length_out": (wrong_bb, gguf.GGUFValueType.UINT32)}, tensors={
+                "nextn.pre_projection.weight": rng.standard_normal((n_embd, 2 * wrong_bb), dtype=np.float32),
+                "nextn.post_projection.weight": rng.standard_normal((wrong_bb, n_embd), dtype=np.float32)})
+    cases["width_mismatch"] = (path, f"target of width {wrong_bb}")
+
+    path = os.path.join(work, "centroids.gguf")
+    rewrite(gguf, args.assistant_centroid, path, tensors={
+        "masked_embd_centroids.weight": rng.standard_normal((n_centroids + 1, n_embd), dtype=np.float32)})
+    cases["centroids_not_dividing_vocab"] = (path, "do not divide the vocabulary")
+
+    path = os.path.join(work, "ordering_dup.gguf")
+    dup = ordering.copy()
+    dup[1] = dup[0]
+    rewrite(gguf, args.assistant_centroid, path, tensors={"masked_embd_ordering": dup.astype(np.int32)})
+    cases["ordering_not_permutation"] = (path, "not a permutation")
+
+    path = os.path.join(work, "ordering_short.gguf")
+    rewrite(gguf, args.assistant_centroid, path,
+            tensors={"masked_embd_ordering": ordering[:n_vocab - 1].astype(np.int32)})
+    cases["ordering_wrong_length"] = (path, "masked_embd_ordering")
+
+    cases["missing_file"] = (os.path.join(work, "no-such-head.gguf"), "no-such-head.gguf")
+
+    results = {}
+    for name, (path, expect) in cases.items():
+        server = Server(args.server, args.target, ["-c", "512", "-ngl", str(args.ngl), "-fa", "on",
+                                                   "--mtp-head", path, "--spec-type", "mtp"], work, f"bad-{name}")
+        try:
+            rc = server.wait_exit(args.startup_timeout)
+            text = server.log_text()
+        finally:
+            server.stop()
+        lines = [ln for ln in text.splitlines() if expect in ln]
+        # a refusal is a normal exit with status 1, never a signal (abort, segfault) or a running server
+        results[name] = {"exit_code": rc, "line": lines[0][:300] if lines else None,
+                         "ok": rc is not None and rc > 0 and rc < 128 and bool(lines)}
+        log(f"bad input {name}: exit {rc}, line: {results[name]['line']}")
+    return results
+
+
+def run_gate(args):
+    with open(args.text, errors="replace") as f:
+        text = f.read()
+    prompts = make_prompts(text, args.prompts, args.prompt_chars)
+    log_dir = tempfile.mkdtemp(prefix="gate-mtp-")
+    metrics = {"gate": GATE, "log_dir": log_dir, "ngl": args.ngl, "n_prompts": len(prompts),
+               "n_predict": args.n_predict, "thresholds": THRESHOLDS}
+    checks = {}
+    try:
+        mtp = ["-md", args.assistant, "--spec-type", "draft-mtp", "--spec-draft-n-max", str(args.draft_max),
+               "-ngld", str(args.ngl)]
+        fork = ["--mtp-head", args.assistant_fork, "--spec-type", "mtp", "--draft-block-size", "3",
+                "--draft-max", "8", "--draft-min", "0", "-ngld", "99"] + TURBO
+        configs = {
+            "f16": ([], {"dense": mtp,
+                         "centroid": ["-md", args.assistant_centroid] + mtp[2:]}),
+            "turbo3": (TURBO, {"dense": mtp,
+                               "fork_line": fork}),
+        }
+        for kv, (kv_args, variants) in configs.items():
+            off = run_config(args, f"{kv}-off", kv_args, prompts, log_dir)
+            metrics[f"{kv}_off_tps"] = round(off["tps"], 1)
+            for variant, extra in variants.items():
+                key = f"{kv}_{variant}"
+                on = run_config(args, key, kv_args + extra, prompts, log_dir)
+                equal = sum(a == b for a, b in zip(on["tokens"], off["tokens"]))
+                tf = teacher_forced(args, kv_args, prompts, on["tokens"], log_dir, f"{key}-tf")
+                metrics[key] = {
+                    "outputs_equal": equal, "teacher_forced_top1": round(tf, 4),
+                    "draft_n": on["draft_n"], "draft_n_accepted": on["draft_n_accepted"],
+                    "acceptance": round(on["acceptance"], 4), "tps": round(on["tps"], 1),
+                    "speedup": round(on["tps"] / off["tps"], 3),
+                }
+                checks[f"{key}_lossless"] = equal == len(prompts) and tf >= THRESHOLDS["min_teacher_forced"]
+                checks[f"{key}_acceptance"] = on["acceptance"] >= THRESHOLDS["min_acceptance"]
+                log(f"{key}: {metrics[key]}")
+        # the fork-format file holds the centroid head's weights: the same drafts, token for token
+        fmt = run_config(args, "f16-fork-format", ["--mtp-head", args.assistant_fork, "--spec-type", "mtp",
+                                                   "--spec-draft-n-max", str(args.draft_max),
+                                                   "-ngld", str(args.ngl)], prompts, log_dir)
+        same = run_config(args, "f16-centroid-again", ["-md", args.assistant_centroid] + mtp[2:], prompts, log_dir)
+        metrics["fork_format_same_drafts"] = (fmt["tokens"] == same["tokens"]
+                                              and fmt["draft_n_accepted"] == same["draft_n_accepted"]
+                                              and fmt["draft_n"] == same["draft_n"])
+        checks["fork_format_loads_same"] = metrics["fork_format_same_drafts"]
+
+        if args.bad_input:
+            bad = bad_inputs(args, log_dir)
+            metrics["bad_input"] = bad
+            checks["bad_input_refused"] = all(b["ok"] for b in bad.values())
+        ok = all(checks.values())
+    except Exception as e:  # the verdict says what broke; logs stay in log_dir
+        log(f"error: {e!r}")
+        metrics["error"] = repr(e)
+        ok = False
+    metrics["checks"] = checks
+    metrics["ok"] = ok
+    if ok:
+        shutil.rmtree(log_dir, ignore_errors=True)
+        metrics["log_dir"] = None
+    return metrics
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server", required=True, help="path to llama-server")
+    ap.add_argument("--target", required=True, help="gemma4 target GGUF")
+    ap.add_argument("--assistant", required=True, help="gemma4-assistant GGUF, dense LM head")
+    ap.add_argument("--assistant-centroid", required=True, help="gemma4-assistant GGUF with a centroid LM head")
+    ap.add_argument("--assistant-fork", required=True,
+                    help="the centroid head as the fork's converter writes it (scripts/gguf_rewrite.py fork)")
+    ap.add_argument("--text", required=True, help="text the prompts are cut from")
+    ap.add_argument("--gguf-py", required=True, help="gguf-py folder of the vendored tree")
+    ap.add_argument("--ngl", type=int, default=0, help="-ngl / -ngld (99 on a GPU build)")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompt-chars", type=int, default=160)
+    ap.add_argument("--n-predict", type=int, default=128)
+    ap.add_argument("--draft-max", type=int, default=3, help="--spec-draft-n-max of the upstream-flag runs")
+    ap.add_argument("--no-bad-input", dest="bad_input", action="store_false")
+    ap.add_argument("--startup-timeout", type=float, default=120)
+    ap.add_argument("--json", action="store_true", help="print the verdict as one compact JSON line")
+    args = ap.parse_args()
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    verdict = run_gate(args)
+    print(json.dumps(verdict, separators=(",", ":")) if args.json else json.dumps(verdict, indent=2))
+    sys.exit(0 if verdict["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
