@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from . import patchfile
@@ -356,19 +356,29 @@ class Chain:
         return {"name": file_name, "sha256": patch.sha256, "tree": live_tree,
                 "files": [{"path": c.path, "change": c.kind} for c in patch.changes]}
 
-    def refresh(self, check: bool = False) -> dict:
+    def refresh(self, check: bool = False, message: str | None = None) -> dict:
+        """Rewrite the top applied patch from the live tree; a message replaces its subject and
+        description (its trailers, Upstream-Status first, are kept)."""
         self.tree.require()
         patches = self.patches()
         applied = self.applied_prefix(patches)
         if not applied:
             raise BadInput("no patch is applied: nothing to refresh")
+        if check and message is not None:
+            raise BadInput("--check compares with the patch as it is: it takes no message")
         top = applied[-1]
         patch = next(p for p in patches if p.name == top.name)
         parent_tree = self.tree.git.tree_of(f"{top.commit}^")
         live_tree = self.tree.snapshot()
         if live_tree == parent_tree:
             raise BadInput(f"refreshing {top.name} would leave it empty; delete it with unapply + rm instead")
-        data = patchfile.canonical(patch, self.tree.git, parent_tree, live_tree)
+        header = None
+        if message is not None:
+            subject, body = _split_message(message, top.name[5:-len(".patch")])
+            status = patch.header.trailer("Upstream-Status") or "Pending"
+            body = "\n\n".join(part for part in (body, f"Upstream-Status: {status}") if part)
+            header = replace(patch.header, subject=subject, body=body)
+        data = patchfile.canonical(patch, self.tree.git, parent_tree, live_tree, header)
         changed = data != patch.data
         if check:
             if changed:

@@ -277,9 +277,9 @@ def render(header: Header, diff: str) -> bytes:
     return (header.render() + diff).encode("utf-8")
 
 
-def canonical(patch: Patch, git: Git, old_tree: str, new_tree: str) -> bytes:
-    """The bytes `refresh` would write for `patch` given the trees it goes between."""
-    header = patch.header
+def canonical(patch: Patch, git: Git, old_tree: str, new_tree: str, header: Header | None = None) -> bytes:
+    """The bytes `refresh` would write for `patch` given the trees it goes between (and a new header)."""
+    header = header or patch.header
     if not header.subject:
         header = replace(header, subject=patch.slug.replace("-", " "))
     return render(header, generate_diff(git, old_tree, new_tree))

@@ -161,6 +161,19 @@ def test_refresh_and_check(fetched: Proj):
     assert ChainLock.read(fetched.patches / "chain.lock").patches[0].sha256 == info["sha256"]
 
 
+def test_refresh_with_a_message_rewrites_the_description(fetched: Proj):
+    capture(fetched, "0001-first", {"src/llama.h": "v1\n"})
+    chain = fetched.chain()
+    with pytest.raises(BadInput, match="takes no message"):
+        chain.refresh(check=True, message="x")
+    fetched.write("src/llama.h", "v2\n")
+    chain.refresh(message="llama : second subject\n\nWhy it changed.")
+    header = patchfile.read(fetched.patches / "0001-first.patch").header
+    assert header.subject == "llama : second subject"
+    assert header.body == "Why it changed.\n\nUpstream-Status: Pending"
+    assert chain.refresh(check=True)["changed"] is False
+
+
 def test_refresh_check_catches_non_canonical_bytes(fetched: Proj):
     capture(fetched, "0001-first", {"src/llama.h": "v1\n"})
     path = fetched.patches / "0001-first.patch"

@@ -164,6 +164,8 @@ def test_capture_and_refresh_cli(fetched: Proj):
     assert_clean_error(run_cli("refresh", "--check", cwd=fetched.root), 1, "not what refresh would write")
     assert run_cli("refresh", cwd=fetched.root).returncode == 0
     assert run_cli("verify-patches", cwd=fetched.root).returncode == 0
+    assert run_cli("refresh", "-m", "cli: refreshed\n\nNew words.", cwd=fetched.root).returncode == 0
+    assert "Subject: [PATCH] cli: refreshed" in (fetched.patches / "0001-cli.patch").read_text()
 
 
 def test_vendor_cli(fetched: Proj, tmp_path):

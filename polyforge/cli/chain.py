@@ -145,12 +145,16 @@ def capture(
 @app.command()
 def refresh(
     check: bool = typer.Option(False, "--check", help="Fail if regenerating would change a byte."),
+    message: Optional[str] = typer.Option(None, "-m", "--message", help="New subject line, blank line, description."),
+    message_file: Optional[Path] = typer.Option(None, "-F", "--file", help="Read the new message from a file."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Regenerate the top applied patch from the live tree (canonical form)."""
+    if message_file is not None:
+        message = message_file.read_text()
     chain = _chain_with_notices()
     with chain.locked():
-        info = chain.refresh(check)
+        info = chain.refresh(check, message)
     if json_out:
         emit_json(info)
         return
