@@ -34,7 +34,7 @@ import signal
 import sys
 import tempfile
 
-from gguf_rewrite import rewrite
+from gguf_rewrite import rewrite, to_fork_format
 from llama_server import Server, log
 
 GATE = "mtp"
@@ -108,7 +108,6 @@ def bad_inputs(args, work):
     """Files a user could pass by mistake, each with the start-up line the server must refuse it with."""
     import numpy as np
 
-    sys.path.insert(0, args.gguf_py)
     import gguf
 
     rng = np.random.default_rng(0)
@@ -123,7 +122,7 @@ def bad_inputs(args, work):
     # a head trained for a target of another width: its projections are consistent with each other
     pre = shapes["nextn.pre_projection.weight"]   # [2 * n_bb, n_embd]
     n_bb = pre[0] // 2
-    wrong_bb = n_bb // 2
+    wrong_bb = 2 * n_bb  # not the head's own width either (upstream refuses that with its own message)
     arch = "gemma4-assistant"
     path = os.path.join(work, "width.gguf")
     rewrite(gguf, args.assistant, path, drop_kv=(f"{arch}.embedding_length_out",),
@@ -170,8 +169,16 @@ def bad_inputs(args, work):
 def run_gate(args):
     with open(args.text, errors="replace") as f:
         text = f.read()
+    if args.text_chars:
+        text = text[:args.text_chars]  # the part of the text the fixture was trained on
     prompts = make_prompts(text, args.prompts, args.prompt_chars)
     log_dir = tempfile.mkdtemp(prefix="gate-mtp-")
+    sys.path.insert(0, args.gguf_py)
+    if not args.assistant_fork:
+        import gguf
+
+        args.assistant_fork = os.path.join(log_dir, "assistant-fork.gguf")
+        to_fork_format(gguf, args.assistant_centroid, args.assistant_fork)
     metrics = {"gate": GATE, "log_dir": log_dir, "ngl": args.ngl, "n_prompts": len(prompts),
                "n_predict": args.n_predict, "thresholds": THRESHOLDS}
     checks = {}
@@ -236,9 +243,10 @@ def main():
     ap.add_argument("--target", required=True, help="gemma4 target GGUF")
     ap.add_argument("--assistant", required=True, help="gemma4-assistant GGUF, dense LM head")
     ap.add_argument("--assistant-centroid", required=True, help="gemma4-assistant GGUF with a centroid LM head")
-    ap.add_argument("--assistant-fork", required=True,
-                    help="the centroid head as the fork's converter writes it (scripts/gguf_rewrite.py fork)")
+    ap.add_argument("--assistant-fork", help="the centroid head as the fork's converter writes it "
+                    "(default: written from --assistant-centroid by scripts/gguf_rewrite.py's fork format)")
     ap.add_argument("--text", required=True, help="text the prompts are cut from")
+    ap.add_argument("--text-chars", type=int, default=0, help="cut prompts from the first N characters only")
     ap.add_argument("--gguf-py", required=True, help="gguf-py folder of the vendored tree")
     ap.add_argument("--ngl", type=int, default=0, help="-ngl / -ngld (99 on a GPU build)")
     ap.add_argument("--prompts", type=int, default=8)

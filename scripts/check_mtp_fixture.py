@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Check the MTP fixture against llama.cpp (CPU build).
+
+1. tokenizer: llama-server /tokenize of each reference prompt text == the ids trained on
+2. logits: scripts/mtp_logits_dump.cpp (built here against libllama) -> final-position
+   logits vs PyTorch's (reference.json), and a 64-token greedy continuation
+3. MTP: llama-server -m target -md assistant --spec-type draft-mtp, 8 prompts x 128
+   tokens greedy; MTP-on output == MTP-off output, acceptance, decode t/s on/off
+
+    python scripts/check_mtp_fixture.py --bin build/cpu-*/bin [--fixtures gates/data/mtp]
+Prints a JSON summary (also written to --summary if given). Exit 1 on a failed check.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def post(port, path, body, timeout=120):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+class Server:
+    def __init__(self, bin_dir, args, port, log):
+        self.port = port
+        self.log = open(log, "w")
+        self.p = subprocess.Popen([str(Path(bin_dir) / "llama-server"), "--port", str(port), *args],
+                                  stdout=self.log, stderr=subprocess.STDOUT)
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.p.returncode}), see {log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                time.sleep(0.3)
+        raise RuntimeError("llama-server did not come up")
+
+    def close(self):
+        self.p.terminate()
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+        self.log.close()
+
+
+def build_dump(bin_dir, out):
+    src = ROOT / "scripts" / "mtp_logits_dump.cpp"
+    inc = ROOT / "vendor" / "llama.cpp"
+    subprocess.run(["g++", "-O2", "-std=c++17", str(src), f"-I{inc / 'include'}", f"-I{inc / 'ggml' / 'include'}",
+                    f"-L{bin_dir}", "-lllama", f"-Wl,-rpath,{bin_dir}", "-o", str(out)], check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--fixtures", default=str(ROOT / "gates" / "data" / "mtp"))
+    ap.add_argument("--assistant", default="assistant.gguf")
+    ap.add_argument("--target", help="target GGUF for the server runs (default: FIXTURES/target.gguf), "
+                                     "e.g. a scripts/pad_mtp_target.py twin for the speed measurement")
+    ap.add_argument("--port", type=int, default=18650)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-max", type=int, default=8)
+    ap.add_argument("--n-min", type=int, default=0)
+    ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--extra", default="", help="extra llama-server args (both runs)")
+    ap.add_argument("--summary")
+    args = ap.parse_args()
+
+    bin_dir = Path(args.bin).resolve()
+    fx = Path(args.fixtures)
+    ref = json.loads((fx / "reference.json").read_text())
+    prompts = ref["prompts"]
+    tmp = Path(tempfile.mkdtemp(prefix="mtp-check-"))
+    summary = {"fixtures": str(fx), "assistant": args.assistant}
+    ok = True
+
+    # 2. logits
+    dump = tmp / "mtp_logits_dump"
+    build_dump(bin_dir, dump)
+    inp = "".join(" ".join(map(str, p["prompt_ids"])) + "\n" for p in prompts)
+    summary["logits"] = {}
+    for mode, env in (("default_f16_kv", {}), ("f32_kv_no_fa", {"MTP_DUMP_F32_KV": "1"})):
+        r = subprocess.run([str(dump), str(fx / "target.gguf"), "64"], input=inp, capture_output=True, text=True,
+                           check=True, env={**os.environ, **env})
+        rows = [json.loads(l) for l in r.stdout.splitlines()]
+        max_abs, max_rel, greedy_eq, top1_eq = 0.0, 0.0, 0, 0
+        for p, o in zip(prompts, rows):
+            a, b = p["final_logits"], o["final_logits"]
+            d = max(abs(x - y) for x, y in zip(a, b))
+            scale = max(abs(x) for x in a)
+            max_abs, max_rel = max(max_abs, d), max(max_rel, d / scale)
+            top1_eq += int(max(range(len(a)), key=a.__getitem__) == max(range(len(b)), key=b.__getitem__))
+            n = min(64, len(p["greedy_ids"]))
+            greedy_eq += int(o["greedy"][:n] == p["greedy_ids"][:n])
+        summary["logits"][mode] = {"max_abs_diff": max_abs, "max_rel_diff_vs_max_logit": max_rel,
+                                   "top1_equal": f"{top1_eq}/{len(prompts)}",
+                                   "greedy64_equal": f"{greedy_eq}/{len(prompts)}"}
+        ok &= greedy_eq == len(prompts)
+
+    base = ["-m", args.target or str(fx / "target.gguf"), "-c", "2048", "-np", "1", "-t", str(args.threads),
+            "-tb", str(args.threads), "--no-warmup"] + (args.extra.split() if args.extra else [])
+    body = lambda p: {"prompt": p["prompt_ids"], "n_predict": args.n_gen, "temperature": 0.0, "top_k": 1,
+                      "return_tokens": True, "cache_prompt": False, "ignore_eos": True}
+
+    # 1. tokenizer + MTP-off
+    runs = {}
+    srv = Server(bin_dir, base, args.port, tmp / "off.log")
+    try:
+        tok_eq = 0
+        for p in prompts:
+            t = post(args.port, "/tokenize", {"content": p["prompt_text"]})["tokens"]
+            tok_eq += int(t == p["prompt_ids"][1:])
+        summary["tokenizer_equal"] = f"{tok_eq}/{len(prompts)}"
+        ok &= tok_eq == len(prompts)
+        runs["off"] = [post(args.port, "/completion", body(p)) for p in prompts]
+    finally:
+        srv.close()
+
+    spec = ["-md", str(fx / args.assistant), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(args.n_max),
+            "--spec-draft-n-min", str(args.n_min)]
+    srv = Server(bin_dir, base + spec, args.port, tmp / "on.log")
+    try:
+        runs["on"] = [post(args.port, "/completion", body(p)) for p in prompts]
+    finally:
+        srv.close()
+
+    same = sum(int(a["tokens"] == b["tokens"]) for a, b in zip(runs["off"], runs["on"]))
+    ref_same = sum(int(a["tokens"] == p["greedy_ids"][:args.n_gen]) for a, p in zip(runs["off"], prompts))
+    dn = sum(r["timings"].get("draft_n", 0) for r in runs["on"])
+    da = sum(r["timings"].get("draft_n_accepted", 0) for r in runs["on"])
+
+    def tps(rs):
+        n = sum(r["timings"]["predicted_n"] for r in rs)
+        ms = sum(r["timings"]["predicted_ms"] for r in rs)
+        return n / (ms / 1000.0)
+
+    summary["mtp"] = {
+        "lossless_on_equals_off": f"{same}/{len(prompts)}",
+        "off_equals_pytorch_greedy": f"{ref_same}/{len(prompts)}",
+        "draft_n": dn, "draft_n_accepted": da, "acceptance": da / dn if dn else 0.0,
+        "pytorch_simulated_acceptance": ref.get("sim_centroid_acceptance" if "centroid" in args.assistant
+                                                else "sim_dense_acceptance"),
+        "decode_tps_off": tps(runs["off"]), "decode_tps_on": tps(runs["on"]),
+    }
+    summary["mtp"]["speedup"] = summary["mtp"]["decode_tps_on"] / summary["mtp"]["decode_tps_off"]
+    ok &= same == len(prompts)
+    summary["ok"] = bool(ok)
+    s = json.dumps(summary, indent=1)
+    print(s)
+    if args.summary:
+        Path(args.summary).write_text(s + "\n")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Make a slow twin of the MTP fixture target for the decode-speed measurement.
+
+The trained target (gates/data/mtp/target.gguf) is so small that a decode step is pure
+overhead, so the draft head costs as much as the target and MTP can only lose time. This widens
+every FFN from n_ff to --n-ff with zero rows/columns: the extra units get gate = up = 0 and a zero
+ffn_down column, so they add exact zeros and the model computes the same function, but each
+token now reads --n-ff * n_embd * 3 weights per layer (memory-bound, like a real target). The
+assistant drafts for it unchanged. Not committed: made at gate time in a second or two.
+
+    python scripts/pad_mtp_target.py --gguf-py vendor/llama.cpp/gguf-py IN.gguf OUT.gguf --n-ff 16384
+"""
+
+import argparse
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf-py", required=True)
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    ap.add_argument("--n-ff", type=int, default=16384)
+    ap.add_argument("--f16", action="store_true", help="store the padded FFN matrices as F16")
+    args = ap.parse_args()
+    sys.path.insert(0, args.gguf_py)
+    import numpy as np
+    import gguf
+
+    reader = gguf.GGUFReader(args.src)
+    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    ff_key = f"{arch}.feed_forward_length"
+    writer = gguf.GGUFWriter(args.dst, arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", ff_key):
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(field.name, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(field.name, field.contents(), vtype)
+    writer.add_key_value(ff_key, args.n_ff, gguf.GGUFValueType.UINT32)
+    dt = np.float16 if args.f16 else np.float32
+    for t in reader.tensors:
+        a = np.array(t.data)
+        if t.name.endswith((".ffn_gate.weight", ".ffn_up.weight")):      # numpy [n_ff, n_embd]
+            b = np.zeros((args.n_ff, a.shape[1]), dtype=dt)
+            b[: a.shape[0]] = a
+            writer.add_tensor(t.name, b)
+        elif t.name.endswith(".ffn_down.weight"):                         # numpy [n_embd, n_ff]
+            b = np.zeros((a.shape[0], args.n_ff), dtype=dt)
+            b[:, : a.shape[1]] = a
+            writer.add_tensor(t.name, b)
+        else:
+            writer.add_tensor(t.name, a, raw_shape=[int(x) for x in reversed(t.shape)], raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+if __name__ == "__main__":
+    main()
