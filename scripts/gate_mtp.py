@@ -11,7 +11,8 @@ checks, against the same server without MTP and the same KV types:
    asked one token at a time of a server without MTP);
 2. acceptance: sum(draft_n_accepted) / sum(draft_n) of the MTP runs;
 3. speed: decode tokens/s with MTP over without, from the same run (reported; a benchmark, not
-   a verdict on this shared machine);
+   a verdict on a shared machine), on the fixture and on its twin whose FFNs are widened by
+   zeros to --twin-ff (same function, the per-token cost of a real target; n_max 3 and 8);
 4. the same with -ctk/-ctv turbo3 (the draft reads the target's turbo3 K/V);
 5. the atomic-llama-cpp-turboquant command line (--mtp-head, --spec-type mtp,
    --draft-block-size 3, --draft-max 8, --draft-min 0, -ngld, -ctkd/-ctvd turbo3) serves;
@@ -36,6 +37,7 @@ import tempfile
 
 from gguf_rewrite import rewrite, to_fork_format
 from llama_server import Server, log
+from pad_mtp_target import pad_target
 
 GATE = "mtp"
 
@@ -64,9 +66,9 @@ def greedy(server, prompt, n_predict, cache_prompt=False):
     return r["tokens"], r["timings"]
 
 
-def run_config(args, name, extra, prompts, log_dir):
+def run_config(args, name, extra, prompts, log_dir, target=None):
     """Greedy completions of every prompt on a fresh server; tokens, draft counts and decode speed."""
-    server = Server(args.server, args.target, ["-c", "2048", "--parallel", "1", "-fa", "on",
+    server = Server(args.server, target or args.target, ["-c", "2048", "--parallel", "1", "-fa", "on",
                                                "-ngl", str(args.ngl), "--no-warmup"] + extra, log_dir, name)
     try:
         server.wait_ready(args.startup_timeout)
@@ -174,9 +176,9 @@ def run_gate(args):
     prompts = make_prompts(text, args.prompts, args.prompt_chars)
     log_dir = tempfile.mkdtemp(prefix="gate-mtp-")
     sys.path.insert(0, args.gguf_py)
-    if not args.assistant_fork:
-        import gguf
+    import gguf
 
+    if not args.assistant_fork:
         args.assistant_fork = os.path.join(log_dir, "assistant-fork.gguf")
         to_fork_format(gguf, args.assistant_centroid, args.assistant_fork)
     metrics = {"gate": GATE, "log_dir": log_dir, "ngl": args.ngl, "n_prompts": len(prompts),
@@ -220,6 +222,24 @@ def run_gate(args):
                                               and fmt["draft_n"] == same["draft_n"])
         checks["fork_format_loads_same"] = metrics["fork_format_same_drafts"]
 
+        if args.twin_ff:
+            # decode speed on a target that costs what a real one does: the fixture target with every FFN
+            # widened by zeros (scripts/pad_mtp_target.py) computes the same function, so the assistant
+            # drafts for it unchanged; reported, not judged
+            twin = os.path.join(log_dir, "target-twin.gguf")
+            pad_target(gguf, args.target, twin, args.twin_ff)
+            off = run_config(args, "twin-off", [], prompts, log_dir, twin)
+            metrics["twin"] = {"n_ff": args.twin_ff, "off_tps": round(off["tps"], 1)}
+            for n_max in (3, 8):
+                on = run_config(args, f"twin-on-{n_max}", ["-md", args.assistant, "--spec-type", "draft-mtp",
+                                                           "--spec-draft-n-max", str(n_max), "-ngld", str(args.ngl)],
+                                prompts, log_dir, twin)
+                metrics["twin"][f"n_max_{n_max}"] = {
+                    "outputs_equal": sum(a == b for a, b in zip(on["tokens"], off["tokens"])),
+                    "acceptance": round(on["acceptance"], 4), "tps": round(on["tps"], 1),
+                    "speedup": round(on["tps"] / off["tps"], 3)}
+            log(f"twin: {metrics['twin']}")
+
         if args.bad_input:
             bad = bad_inputs(args, log_dir)
             metrics["bad_input"] = bad
@@ -253,6 +273,8 @@ def main():
     ap.add_argument("--prompt-chars", type=int, default=160)
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--draft-max", type=int, default=3, help="--spec-draft-n-max of the upstream-flag runs")
+    ap.add_argument("--twin-ff", type=int, default=16384,
+                    help="FFN width of the speed twin of the target (0: no speed measurement)")
     ap.add_argument("--no-bad-input", dest="bad_input", action="store_false")
     ap.add_argument("--startup-timeout", type=float, default=120)
     ap.add_argument("--json", action="store_true", help="print the verdict as one compact JSON line")

@@ -14,6 +14,29 @@ assistant drafts for it unchanged. Not committed: made at gate time in a second 
 import argparse
 import sys
 
+from gguf_rewrite import rewrite
+
+
+def pad_target(gguf, src, dst, n_ff, dtype="float32"):
+    """Write src with every FFN widened to n_ff by zero rows/columns (the same function)."""
+    import numpy as np
+
+    reader = gguf.GGUFReader(src)
+    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    ff_key = f"{arch}.feed_forward_length"
+    tensors = {}
+    for t in reader.tensors:
+        a = np.array(t.data)
+        if t.name.endswith((".ffn_gate.weight", ".ffn_up.weight")):      # numpy [n_ff, n_embd]
+            b = np.zeros((n_ff, a.shape[1]), dtype=dtype)
+            b[: a.shape[0]] = a
+            tensors[t.name] = b
+        elif t.name.endswith(".ffn_down.weight"):                         # numpy [n_embd, n_ff]
+            b = np.zeros((a.shape[0], n_ff), dtype=dtype)
+            b[:, : a.shape[1]] = a
+            tensors[t.name] = b
+    rewrite(gguf, src, dst, drop_kv=(ff_key,), kv={ff_key: (n_ff, gguf.GGUFValueType.UINT32)}, tensors=tensors)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -24,39 +47,9 @@ def main():
     ap.add_argument("--f16", action="store_true", help="store the padded FFN matrices as F16")
     args = ap.parse_args()
     sys.path.insert(0, args.gguf_py)
-    import numpy as np
     import gguf
 
-    reader = gguf.GGUFReader(args.src)
-    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
-    ff_key = f"{arch}.feed_forward_length"
-    writer = gguf.GGUFWriter(args.dst, arch)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", ff_key):
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(field.name, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            writer.add_key_value(field.name, field.contents(), vtype)
-    writer.add_key_value(ff_key, args.n_ff, gguf.GGUFValueType.UINT32)
-    dt = np.float16 if args.f16 else np.float32
-    for t in reader.tensors:
-        a = np.array(t.data)
-        if t.name.endswith((".ffn_gate.weight", ".ffn_up.weight")):      # numpy [n_ff, n_embd]
-            b = np.zeros((args.n_ff, a.shape[1]), dtype=dt)
-            b[: a.shape[0]] = a
-            writer.add_tensor(t.name, b)
-        elif t.name.endswith(".ffn_down.weight"):                         # numpy [n_embd, n_ff]
-            b = np.zeros((a.shape[0], args.n_ff), dtype=dt)
-            b[:, : a.shape[1]] = a
-            writer.add_tensor(t.name, b)
-        else:
-            writer.add_tensor(t.name, a, raw_shape=[int(x) for x in reversed(t.shape)], raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    pad_target(gguf, args.src, args.dst, args.n_ff, "float16" if args.f16 else "float32")
 
 
 if __name__ == "__main__":
