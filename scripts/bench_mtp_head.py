@@ -69,6 +69,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_server import Server, log  # noqa: E402
+from mtp_vocab import add_vocab, write_file  # noqa: E402
 
 # -------------------------------------------------------------------------- shapes ----
 N_VOCAB = 262144
@@ -85,9 +86,6 @@ TARGET = dict(n_embd=1536, n_ff=2048, layer_types=["swa", "full"], n_head=8, n_h
 COMMON = dict(n_ctx_train=131072, n_swa=512, eps=1e-6, base_full=1_000_000.0, base_swa=10_000.0,
               partial_full=0.25)
 STD = 0.02  # weight init scale
-
-PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
-SPACE_PIECE = "\u2581"
 
 PROMPT = ("The quick brown fox jumps over the lazy dog. Speculative decoding drafts a few tokens "
           "with a small model and verifies them with the large one in a single batch.")
@@ -109,32 +107,6 @@ def import_gguf(path):
         sys.modules["yaml"] = types.ModuleType("yaml")
     import gguf
     return gguf
-
-
-def vocab_tokens(gguf):
-    """(text, toktype) of every id: <pad> <eos> <bos> <unk>, 256 byte tokens, U+2581, then
-    <unusedN> up to 262144. Byte-level under llama.cpp's 'gemma4' BPE tokenizer."""
-    T = gguf.TokenType
-    toks = [("<pad>", T.CONTROL), ("<eos>", T.CONTROL), ("<bos>", T.CONTROL), ("<unk>", T.UNKNOWN)]
-    toks += [(f"<0x{b:02X}>", T.BYTE) for b in range(256)]
-    toks.append((SPACE_PIECE, T.NORMAL))
-    toks += [(f"<unused{i}>", T.UNUSED) for i in range(N_VOCAB - len(toks))]
-    return toks
-
-
-def add_vocab(w, gguf, toks):
-    w.add_tokenizer_model("gemma4")
-    w.add_token_list([t for t, _ in toks])
-    w.add_token_scores([0.0] * len(toks))
-    w.add_token_types([int(ty) for _, ty in toks])
-    # 'gemma4' is BPE: llama.cpp wants a merges array; one that never applies keeps it byte-level
-    w.add_token_merges(["<0x00> <0x00>"])
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_unk_token_id(UNK_ID)
-    w.add_pad_token_id(PAD_ID)
-    w.add_add_space_prefix(False)
-    w.add_add_bos_token(True)
 
 
 def add_hparams(w, gguf, c, n_kv_shared):
@@ -196,20 +168,17 @@ def ones(n):
     return np.ones(n, dtype=np.float32)
 
 
-def write(path, gguf, arch, name, hparams_fn, toks, tensors):
+def write(path, gguf, arch, name, hparams_fn, tensors):
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(name)
     hparams_fn(w)
-    add_vocab(w, gguf, toks)
+    add_vocab(w, N_VOCAB)
     for tname, (arr, raw) in tensors:
         if raw is None:
             w.add_tensor(tname, arr)
         else:
             w.add_tensor(tname, arr, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_file(w)
 
 
 def layer_tensors(W, c, i, with_kv, typ):
@@ -239,7 +208,6 @@ def generate(work, spec, gguf_py):
     gguf = import_gguf(gguf_py)
     rng = np.random.default_rng(spec["seed"])
     W = Weights(gguf, rng)
-    toks = vocab_tokens(gguf)
     paths = {k: os.path.join(work, f) for k, f in
              (("target", "target.gguf"), ("dense", "draft-dense.gguf"), ("centroid", "draft-centroid.gguf"))}
 
@@ -252,7 +220,7 @@ def generate(work, spec, gguf_py):
     for i in range(len(c["layer_types"])):
         tensors += layer_tensors(W, c, i, True, tt)
     write(paths["target"], gguf, "gemma4", "polyforge-bench-mtp-head-target",
-          lambda w: add_hparams(w, gguf, c, 0), toks, tensors)
+          lambda w: add_hparams(w, gguf, c, 0), tensors)
     del tensors
 
     # assistant (gemma4-assistant), one set of weights for both files
@@ -279,9 +247,9 @@ def generate(work, spec, gguf_py):
             w.add_uint32("gemma4-assistant.centroid_top_k", top_k)
 
     write(paths["dense"], gguf, "gemma4-assistant", "polyforge-bench-mtp-head-dense",
-          lambda w: asst_hparams(w, 0), toks, base)
+          lambda w: asst_hparams(w, 0), base)
     write(paths["centroid"], gguf, "gemma4-assistant", "polyforge-bench-mtp-head-centroid",
-          lambda w: asst_hparams(w, a["top_k"]), toks, base + centroids)
+          lambda w: asst_hparams(w, a["top_k"]), base + centroids)
     return paths
 
 

@@ -18,45 +18,18 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from llama_server import Server  # noqa: E402
 
 
-def post(port, path, body, timeout=120):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-class Server:
-    def __init__(self, bin_dir, args, port, log):
-        self.port = port
-        self.log = open(log, "w")
-        self.p = subprocess.Popen([str(Path(bin_dir) / "llama-server"), "--port", str(port), *args],
-                                  stdout=self.log, stderr=subprocess.STDOUT)
-        t0 = time.time()
-        while time.time() - t0 < 60:
-            if self.p.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.p.returncode}), see {log}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except Exception:
-                time.sleep(0.3)
-        raise RuntimeError("llama-server did not come up")
-
-    def close(self):
-        self.p.terminate()
-        try:
-            self.p.wait(10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-        self.log.close()
+def ask(server, path, body):
+    status, res = server.post(path, body)
+    if status != 200:
+        raise RuntimeError(f"{server.name}: {path} returned {status}: {res}")
+    return res
 
 
 def build_dump(bin_dir, out):
@@ -73,7 +46,6 @@ def main():
     ap.add_argument("--assistant", default="assistant.gguf")
     ap.add_argument("--target", help="target GGUF for the server runs (default: FIXTURES/target.gguf), "
                                      "e.g. a scripts/pad_mtp_target.py twin for the speed measurement")
-    ap.add_argument("--port", type=int, default=18650)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-max", type=int, default=8)
     ap.add_argument("--n-min", type=int, default=0)
@@ -113,32 +85,36 @@ def main():
                                    "greedy64_equal": f"{greedy_eq}/{len(prompts)}"}
         ok &= greedy_eq == len(prompts)
 
-    base = ["-m", args.target or str(fx / "target.gguf"), "-c", "2048", "-np", "1", "-t", str(args.threads),
-            "-tb", str(args.threads), "--no-warmup"] + (args.extra.split() if args.extra else [])
+    server = str(bin_dir / "llama-server")
+    target = args.target or str(fx / "target.gguf")
+    base = ["-c", "2048", "-np", "1", "-t", str(args.threads), "-tb", str(args.threads),
+            "--no-warmup"] + (args.extra.split() if args.extra else [])
     body = lambda p: {"prompt": p["prompt_ids"], "n_predict": args.n_gen, "temperature": 0.0, "top_k": 1,
                       "return_tokens": True, "cache_prompt": False, "ignore_eos": True}
 
     # 1. tokenizer + MTP-off
     runs = {}
-    srv = Server(bin_dir, base, args.port, tmp / "off.log")
+    srv = Server(server, target, base, tmp, "off")
     try:
+        srv.wait_ready(60)
         tok_eq = 0
         for p in prompts:
-            t = post(args.port, "/tokenize", {"content": p["prompt_text"]})["tokens"]
+            t = ask(srv, "/tokenize", {"content": p["prompt_text"]})["tokens"]
             tok_eq += int(t == p["prompt_ids"][1:])
         summary["tokenizer_equal"] = f"{tok_eq}/{len(prompts)}"
         ok &= tok_eq == len(prompts)
-        runs["off"] = [post(args.port, "/completion", body(p)) for p in prompts]
+        runs["off"] = [ask(srv, "/completion", body(p)) for p in prompts]
     finally:
-        srv.close()
+        srv.stop()
 
     spec = ["-md", str(fx / args.assistant), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(args.n_max),
             "--spec-draft-n-min", str(args.n_min)]
-    srv = Server(bin_dir, base + spec, args.port, tmp / "on.log")
+    srv = Server(server, target, base + spec, tmp, "on")
     try:
-        runs["on"] = [post(args.port, "/completion", body(p)) for p in prompts]
+        srv.wait_ready(60)
+        runs["on"] = [ask(srv, "/completion", body(p)) for p in prompts]
     finally:
-        srv.close()
+        srv.stop()
 
     same = sum(int(a["tokens"] == b["tokens"]) for a, b in zip(runs["off"], runs["on"]))
     ref_same = sum(int(a["tokens"] == p["greedy_ids"][:args.n_gen]) for a, p in zip(runs["off"], prompts))

@@ -28,15 +28,13 @@ stderr; exit 0 only when ok.
 """
 
 import argparse
-import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 
 from gguf_rewrite import rewrite, to_fork_format
-from llama_server import Server, log
+from llama_server import Server, log, run_gate_main
 from pad_mtp_target import pad_target
 
 GATE = "mtp"
@@ -66,10 +64,15 @@ def greedy(server, prompt, n_predict, cache_prompt=False):
     return r["tokens"], r["timings"]
 
 
+def start(args, target, extra, log_dir, name):
+    """One slot, -fa on, the gate's -ngl; every configuration differs only in `extra`."""
+    return Server(args.server, target, ["-c", "2048", "--parallel", "1", "-fa", "on", "-ngl", str(args.ngl),
+                                        "--no-warmup"] + extra, log_dir, name)
+
+
 def run_config(args, name, extra, prompts, log_dir, target=None):
     """Greedy completions of every prompt on a fresh server; tokens, draft counts and decode speed."""
-    server = Server(args.server, target or args.target, ["-c", "2048", "--parallel", "1", "-fa", "on",
-                                               "-ngl", str(args.ngl), "--no-warmup"] + extra, log_dir, name)
+    server = start(args, target or args.target, extra, log_dir, name)
     try:
         server.wait_ready(args.startup_timeout)
         tokens, draft_n, accepted, predicted_n, predicted_ms = [], 0, 0, 0, 0.0
@@ -89,8 +92,7 @@ def run_config(args, name, extra, prompts, log_dir, target=None):
 
 def teacher_forced(args, extra, prompts, outputs, log_dir, name):
     """Fraction of positions where the MTP-on token is the target's greedy token after the MTP-on prefix."""
-    server = Server(args.server, args.target, ["-c", "2048", "--parallel", "1", "-fa", "on",
-                                               "-ngl", str(args.ngl), "--no-warmup"] + extra, log_dir, name)
+    server = start(args, args.target, extra, log_dir, name)
     try:
         server.wait_ready(args.startup_timeout)
         agree = total = 0
@@ -280,10 +282,7 @@ def main():
     ap.add_argument("--json", action="store_true", help="print the verdict as one compact JSON line")
     args = ap.parse_args()
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    verdict = run_gate(args)
-    print(json.dumps(verdict, separators=(",", ":")) if args.json else json.dumps(verdict, indent=2))
-    sys.exit(0 if verdict["ok"] else 1)
+    run_gate_main(run_gate, args)
 
 
 if __name__ == "__main__":

@@ -16,19 +16,17 @@ Stdlib only. Prints one verdict JSON on stdout, logs on stderr; exit 0 only when
 """
 
 import argparse
-import json
 import math
 import os
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from llama_server import Server, log
+from llama_server import Server, log, run_gate_main
 
 GATE = "shared-pool"
 
@@ -501,12 +499,7 @@ def main():
     args = ap.parse_args()
     THRESHOLDS["max_abs_dprob_cold"] = args.cold_tolerance
 
-    # make SIGTERM run the cleanup (servers are stopped in a finally block)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
-    verdict = run_gate(args)
-    print(json.dumps(verdict, separators=(",", ":")) if args.json else json.dumps(verdict, indent=2))
-    sys.exit(0 if verdict["ok"] else 1)
+    run_gate_main(run_gate, args)
 
 
 if __name__ == "__main__":

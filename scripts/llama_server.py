@@ -1,6 +1,6 @@
 """A llama-server process for the gate scripts: start on a free local port, wait for /health,
-JSON requests, stop the whole process group. Stdlib only, shared by gate_shared_pool.py and
-gate_mtp.py (both run as scripts from this folder, so a plain import finds it)."""
+JSON requests, stop the whole process group; and how a gate script runs and reports. Stdlib only,
+shared by the scripts in this folder (run as scripts from here, so a plain import finds it)."""
 
 import json
 import os
@@ -24,6 +24,15 @@ def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_gate_main(run_gate, args):
+    """Run a gate with SIGTERM turned into a normal exit (so servers stop in finally blocks), print
+    its verdict (one compact line with --json) and exit 0 only when ok."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    verdict = run_gate(args)
+    print(json.dumps(verdict, separators=(",", ":")) if args.json else json.dumps(verdict, indent=2))
+    sys.exit(0 if verdict["ok"] else 1)
 
 
 class Server:

@@ -28,48 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # ---------------------------------------------------------------- vocab ----
-# ids: 0 <pad>, 1 <eos>, 2 <bos>, 3 <unk>, 4..259 <0x00>..<0xFF>, 260 U+2581 (space),
-# 261.. <unusedN> padding so that n_vocab divides evenly into centroid clusters.
+# byte-level ids (scripts/mtp_vocab.py), padded so that n_vocab divides evenly into centroid clusters
 N_VOCAB = 288
-PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
-BYTE0 = 4
-SPACE_ID = 260
-SPACE_PIECE = "\u2581"
-
-
-def vocab_tokens():
-    """(text, score, toktype) for every id, toktype per gguf.TokenType."""
-    # gguf.TokenType: NORMAL=1 UNKNOWN=2 CONTROL=3 USER_DEFINED=4 UNUSED=5 BYTE=6
-    out = [("<pad>", 0.0, 3), ("<eos>", 0.0, 3), ("<bos>", 0.0, 3), ("<unk>", 0.0, 2)]
-    out += [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)]
-    out += [(SPACE_PIECE, 0.0, 1)]
-    i = 0
-    while len(out) < N_VOCAB:
-        out.append((f"<unused{i}>", 0.0, 5))
-        i += 1
-    return out
-
-
-def encode(text: str) -> list[int]:
-    """Byte-level ids exactly as llama.cpp's 'gemma4' BPE tokenizer yields them for
-    this vocab: ' ' -> U+2581 piece, every other char -> its UTF-8 byte tokens."""
-    ids = []
-    for ch in text:
-        if ch == " ":
-            ids.append(SPACE_ID)
-        else:
-            ids.extend(BYTE0 + b for b in ch.encode("utf-8"))
-    return ids
-
-
-def decode(ids) -> str:
-    bs = bytearray()
-    for i in ids:
-        if i == SPACE_ID:
-            bs += b" "
-        elif BYTE0 <= i < BYTE0 + 256:
-            bs.append(i - BYTE0)
-    return bs.decode("utf-8", errors="replace")
 
 
 # ---------------------------------------------------------------- configs ----
@@ -172,6 +132,17 @@ def causal_masks(qpos, kpos, n_swa, strict=False):
     return full, swa
 
 
+def layer_out(L, x, a, eps):
+    """The part target and assistant layers share: output projection of the attention a, post-attention
+    norm, residual, gated-GELU FFN with its post norm, residual, layer output scale."""
+    a = rms(L.wo(a), L.post_attn_norm, eps)
+    x = x + a
+    f = rms(x, L.ffn_norm, eps)
+    f = L.down(F.gelu(L.gate(f), approximate="tanh") * L.up(f))
+    f = rms(f, L.ffn_post_norm, eps)
+    return (x + f) * L.out_scale
+
+
 def ones(n):
     return nn.Parameter(torch.ones(n))
 
@@ -233,13 +204,7 @@ class Target(nn.Module):
             k = rope_neox(k, pos, base, ff)
             kvs.append((k, v))
             a = attend(q, k, v, m_swa if L.swa else m_full)
-            a = L.wo(a.reshape(B, T, -1))
-            a = rms(a, L.post_attn_norm, c.eps)
-            x = x + a
-            f = rms(x, L.ffn_norm, c.eps)
-            f = L.down(F.gelu(L.gate(f), approximate="tanh") * L.up(f))
-            f = rms(f, L.ffn_post_norm, c.eps)
-            x = (x + f) * L.out_scale
+            x = layer_out(L, x, a.reshape(B, T, -1), c.eps)
         hn = rms(x, self.out_norm, c.eps)
         logits = hn @ self.embd.t()
         if c.final_softcap:
@@ -301,13 +266,7 @@ class Assistant(nn.Module):
             q = rope_neox(q, pos, base, None if L.swa else self.ff)
             k, v = kv["swa" if L.swa else "full"]
             a = attend(q, k, v, masks["swa" if L.swa else "full"])
-            a = L.wo(a.reshape(B, P, -1))
-            a = rms(a, L.post_attn_norm, c.eps)
-            x = x + a
-            f = rms(x, L.ffn_norm, c.eps)
-            f = L.down(F.gelu(L.gate(f), approximate="tanh") * L.up(f))
-            f = rms(f, L.ffn_post_norm, c.eps)
-            x = (x + f) * L.out_scale
+            x = layer_out(L, x, a.reshape(B, P, -1), c.eps)
         y = rms(x, self.out_norm, c.eps)
         return y @ self.embd.t(), self.post_proj(y), y
 

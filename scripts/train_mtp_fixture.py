@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gguf  # noqa: E402
 from mtp_fixture_model import (  # noqa: E402
-    N_VOCAB, BOS_ID, EOS_ID, PAD_ID, UNK_ID, TargetCfg, AssistantCfg, Target, Assistant,
-    vocab_tokens, encode, decode, causal_masks, cfg_dict,
+    N_VOCAB, TargetCfg, AssistantCfg, Target, Assistant, causal_masks, cfg_dict,
 )
+from mtp_vocab import BOS_ID, add_vocab, decode, encode, write_file  # noqa: E402
 
 CORPUS = ROOT / "gates" / "data" / "llama-docs.txt"
 
@@ -292,23 +291,6 @@ def f32(t):
     return t.detach().to(torch.float32).contiguous().numpy()
 
 
-def add_vocab(w):
-    toks = vocab_tokens()
-    w.add_tokenizer_model("gemma4")
-    w.add_token_list([t for t, _, _ in toks])
-    w.add_token_scores([s for _, s, _ in toks])
-    w.add_token_types([ty for _, _, ty in toks])
-    # 'gemma4' is BPE: llama.cpp requires a merges array. One merge that never
-    # applies (our pieces are single chars) keeps the vocabulary purely byte-level.
-    w.add_token_merges(["<0x00> <0x00>"])
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_unk_token_id(UNK_ID)
-    w.add_pad_token_id(PAD_ID)
-    w.add_add_space_prefix(False)
-    w.add_add_bos_token(True)
-
-
 def add_common_hparams(w, c, n_kv_shared):
     w.add_context_length(c.n_ctx)
     w.add_embedding_length(c.d)
@@ -333,29 +315,33 @@ def add_common_hparams(w, c, n_kv_shared):
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
 
 
+def add_layers(w, layers):
+    """blk.N tensors in llama.cpp's names; target layers also have K and V (the assistant's are Q-only)."""
+    for i, L in enumerate(layers):
+        kv = hasattr(L, "wk")
+        tensors = [("attn_norm", L.attn_norm), ("attn_q", L.wq.weight)]
+        tensors += [("attn_k", L.wk.weight), ("attn_v", L.wv.weight)] if kv else []
+        tensors += [("attn_output", L.wo.weight), ("attn_q_norm", L.q_norm)]
+        tensors += [("attn_k_norm", L.k_norm)] if kv else []
+        tensors += [("post_attention_norm", L.post_attn_norm), ("ffn_norm", L.ffn_norm),
+                    ("ffn_gate", L.gate.weight), ("ffn_up", L.up.weight), ("ffn_down", L.down.weight),
+                    ("post_ffw_norm", L.ffn_post_norm), ("layer_output_scale", L.out_scale)]
+        for name, t in tensors:
+            w.add_tensor(f"blk.{i}.{name}.weight", f32(t))
+
+
 def write_target(path, tgt):
     c = tgt.c
     w = gguf.GGUFWriter(str(path), "gemma4")
     w.add_name("polyforge-mtp-fixture-target")
     add_common_hparams(w, c, 0)
     w.add_final_logit_softcapping(c.final_softcap)
-    add_vocab(w)
+    add_vocab(w, N_VOCAB)
     w.add_tensor("token_embd.weight", f32(tgt.embd))
     w.add_tensor("output_norm.weight", f32(tgt.out_norm))
     w.add_tensor("rope_freqs.weight", f32(tgt.ff))
-    for i, L in enumerate(tgt.layers):
-        b = f"blk.{i}."
-        for name, t in [("attn_norm", L.attn_norm), ("attn_q", L.wq.weight), ("attn_k", L.wk.weight),
-                        ("attn_v", L.wv.weight), ("attn_output", L.wo.weight), ("attn_q_norm", L.q_norm),
-                        ("attn_k_norm", L.k_norm), ("post_attention_norm", L.post_attn_norm),
-                        ("ffn_norm", L.ffn_norm), ("ffn_gate", L.gate.weight), ("ffn_up", L.up.weight),
-                        ("ffn_down", L.down.weight), ("post_ffw_norm", L.ffn_post_norm),
-                        ("layer_output_scale", L.out_scale)]:
-            w.add_tensor(b + name + ".weight", f32(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    add_layers(w, tgt.layers)
+    write_file(w)
 
 
 def write_assistant(path, asst, centroids=False, meta=True):
@@ -367,7 +353,7 @@ def write_assistant(path, asst, centroids=False, meta=True):
         # what conversion/gemma.py Gemma4AssistantModel.set_gguf_parameters writes
         w.add_embedding_length_out(c.d_backbone)
         w.add_nextn_predict_layers(c.n_layer)
-    add_vocab(w)
+    add_vocab(w, N_VOCAB)
     w.add_tensor("token_embd.weight", f32(asst.embd))
     w.add_tensor("output_norm.weight", f32(asst.out_norm))
     w.add_tensor("rope_freqs.weight", f32(asst.ff))
@@ -380,18 +366,8 @@ def write_assistant(path, asst, centroids=False, meta=True):
         # HF centroid_intermediate_top_k; the key patch 0074's converter writes and its loader reads
         # (upstream b11312 has no such key and cannot load this file at all)
         w.add_uint32("gemma4-assistant.centroid_top_k", c.centroid_top_k)
-    for i, L in enumerate(asst.layers):
-        b = f"blk.{i}."
-        for name, t in [("attn_norm", L.attn_norm), ("attn_q", L.wq.weight), ("attn_output", L.wo.weight),
-                        ("attn_q_norm", L.q_norm), ("post_attention_norm", L.post_attn_norm),
-                        ("ffn_norm", L.ffn_norm), ("ffn_gate", L.gate.weight), ("ffn_up", L.up.weight),
-                        ("ffn_down", L.down.weight), ("post_ffw_norm", L.ffn_post_norm),
-                        ("layer_output_scale", L.out_scale)]:
-            w.add_tensor(b + name + ".weight", f32(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    add_layers(w, asst.layers)
+    write_file(w)
 
 
 def sha256(p):
