@@ -12,7 +12,8 @@ checks, against the same server without MTP and the same KV types:
 2. acceptance: sum(draft_n_accepted) / sum(draft_n) of the MTP runs;
 3. speed: decode tokens/s with MTP over without, from the same run (reported; a benchmark, not
    a verdict on a shared machine), on the fixture and on its twin whose FFNs are widened by
-   zeros to --twin-ff (same function, the per-token cost of a real target; n_max 3 and 8);
+   zeros to --twin-ff (same function, the per-token cost of a real target; f16 K/V with n_max 3
+   and 8, turbo3 K/V with n_max 2 and 3);
 4. the same with -ctk/-ctv turbo3 (the draft reads the target's turbo3 K/V);
 5. the atomic-llama-cpp-turboquant command line (--mtp-head, --spec-type mtp,
    --draft-block-size 3, --draft-max 8, --draft-min 0, -ngld, -ctkd/-ctvd turbo3) serves;
@@ -230,16 +231,19 @@ def run_gate(args):
             # drafts for it unchanged; reported, not judged
             twin = os.path.join(log_dir, "target-twin.gguf")
             pad_target(gguf, args.target, twin, args.twin_ff)
-            off = run_config(args, "twin-off", [], prompts, log_dir, twin)
-            metrics["twin"] = {"n_ff": args.twin_ff, "off_tps": round(off["tps"], 1)}
-            for n_max in (3, 8):
-                on = run_config(args, f"twin-on-{n_max}", ["-md", args.assistant, "--spec-type", "draft-mtp",
-                                                           "--spec-draft-n-max", str(n_max), "-ngld", str(args.ngl)],
-                                prompts, log_dir, twin)
-                metrics["twin"][f"n_max_{n_max}"] = {
-                    "outputs_equal": sum(a == b for a, b in zip(on["tokens"], off["tokens"])),
-                    "acceptance": round(on["acceptance"], 4), "tps": round(on["tps"], 1),
-                    "speedup": round(on["tps"] / off["tps"], 3)}
+            metrics["twin"] = {"n_ff": args.twin_ff}
+            for kv, kv_args, n_maxes in (("f16", [], (3, 8)), ("turbo3", TURBO, (2, 3))):
+                off = run_config(args, f"twin-{kv}-off", kv_args, prompts, log_dir, twin)
+                metrics["twin"][f"{kv}_off_tps"] = round(off["tps"], 1)
+                for n_max in n_maxes:
+                    on = run_config(args, f"twin-{kv}-on-{n_max}",
+                                    kv_args + ["-md", args.assistant, "--spec-type", "draft-mtp",
+                                               "--spec-draft-n-max", str(n_max), "-ngld", str(args.ngl)],
+                                    prompts, log_dir, twin)
+                    metrics["twin"][f"{kv}_n_max_{n_max}"] = {
+                        "outputs_equal": sum(a == b for a, b in zip(on["tokens"], off["tokens"])),
+                        "acceptance": round(on["acceptance"], 4), "tps": round(on["tps"], 1),
+                        "speedup": round(on["tps"] / off["tps"], 3)}
             log(f"twin: {metrics['twin']}")
 
         if args.bad_input:
