@@ -301,6 +301,8 @@ def main():
     ap.add_argument("--startup-timeout", type=float, default=120)
     ap.add_argument("--json", action="store_true", help="print the verdict as one compact JSON line")
     args = ap.parse_args()
+    if args.twin_rounds < 1:
+        ap.error("--twin-rounds must be at least 1")
 
     run_gate_main(run_gate, args)
 

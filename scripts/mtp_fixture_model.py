@@ -147,6 +147,17 @@ def ones(n):
     return nn.Parameter(torch.ones(n))
 
 
+def add_layer_out(L, c):
+    """The weights layer_out uses, made in one order for both layer kinds (the same random draws)."""
+    L.post_attn_norm = ones(c.d)
+    L.ffn_norm = ones(c.d)
+    L.gate = nn.Linear(c.d, c.n_ff, bias=False)
+    L.up = nn.Linear(c.d, c.n_ff, bias=False)
+    L.down = nn.Linear(c.n_ff, c.d, bias=False)
+    L.ffn_post_norm = ones(c.d)
+    L.register_buffer("out_scale", torch.ones(1))
+
+
 # ---------------------------------------------------------------- target ----
 class TLayer(nn.Module):
     def __init__(self, c: TargetCfg, swa: bool):
@@ -162,13 +173,7 @@ class TLayer(nn.Module):
         self.wo = nn.Linear(c.n_head * hd, c.d, bias=False)
         self.q_norm = ones(hd)
         self.k_norm = ones(hd)
-        self.post_attn_norm = ones(c.d)
-        self.ffn_norm = ones(c.d)
-        self.gate = nn.Linear(c.d, c.n_ff, bias=False)
-        self.up = nn.Linear(c.d, c.n_ff, bias=False)
-        self.down = nn.Linear(c.n_ff, c.d, bias=False)
-        self.ffn_post_norm = ones(c.d)
-        self.register_buffer("out_scale", torch.ones(1))
+        add_layer_out(self, c)
 
 
 class Target(nn.Module):
@@ -228,13 +233,7 @@ class ALayer(nn.Module):
         self.wq = nn.Linear(c.d, c.n_head * hd, bias=False)
         self.wo = nn.Linear(c.n_head * hd, c.d, bias=False)
         self.q_norm = ones(hd)
-        self.post_attn_norm = ones(c.d)
-        self.ffn_norm = ones(c.d)
-        self.gate = nn.Linear(c.d, c.n_ff, bias=False)
-        self.up = nn.Linear(c.d, c.n_ff, bias=False)
-        self.down = nn.Linear(c.n_ff, c.d, bias=False)
-        self.ffn_post_norm = ones(c.d)
-        self.register_buffer("out_scale", torch.ones(1))
+        add_layer_out(self, c)
 
 
 class Assistant(nn.Module):
