@@ -386,15 +386,36 @@ class Chain:
                                          f"({'live edits beyond it' if live_tree != top.tree else 'non-canonical bytes'})",
                                          hint="run: polyforge refresh")
             return {"name": top.name, "changed": False}
+        rebased = self._rebase_unapplied(top.name, patches[len(applied):], live_tree)
         if changed:
             patchfile.parse(data, top.name, patch.path)
             patch.path.write_bytes(data)
+        for later, later_data in rebased:
+            later.path.write_bytes(later_data)
         sha = patchfile.sha256_bytes(data)
         commit = self.tree.patch_commit(f"{top.commit}^", live_tree, top.name, sha)
         self.tree.git.run("update-ref", "refs/heads/main", commit)
         self.tree.sync_index()
         self.relock()
-        return {"name": top.name, "changed": changed, "sha256": sha, "tree": live_tree}
+        return {"name": top.name, "changed": changed, "sha256": sha, "tree": live_tree,
+                "rebased": [later.name for later, _ in rebased]}
+
+    def _rebase_unapplied(self, top_name: str, later: list[Patch], tree: str) -> list[tuple[Patch, bytes]]:
+        """The unapplied patches above a refreshed one, re-rendered where their hunks only moved (offsets,
+        blob ids), so the chain stays exact; a patch that no longer applies stops the refresh."""
+        steps = run_chain(self.tree.git, tree, later, allow_offset=True)
+        failed = next((s for s in steps if not s.ok), None)
+        if failed is not None:
+            raise VerificationFailed(f"refreshing {top_name} would break the unapplied {failed.name}: {failed.error}",
+                                     hint="nothing was written; apply the chain, move the edit, then refresh")
+        rebased = []
+        for patch, step in zip(later, steps):
+            assert step.tree
+            data = patchfile.canonical(patch, self.tree.git, tree, step.tree)
+            if data != patch.data:
+                rebased.append((patch, data))
+            tree = step.tree
+        return rebased
 
     def relock(self) -> ChainLock:
         """Recompute chain.lock from a fresh baseline; every chain-changing command ends here."""

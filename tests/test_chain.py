@@ -174,6 +174,35 @@ def test_refresh_with_a_message_rewrites_the_description(fetched: Proj):
     assert chain.refresh(check=True)["changed"] is False
 
 
+def test_refresh_below_the_top_rebases_the_unapplied_patches(fetched: Proj):
+    capture(fetched, "0001-first", {"ggml/src/ggml.c": fetched.read("ggml/src/ggml.c").replace("// line 10\n", "// LINE 10\n")})
+    capture(fetched, "0002-second", {"ggml/src/ggml.c": fetched.read("ggml/src/ggml.c").replace("// line 100\n", "// LINE 100\n")})
+    chain = fetched.chain()
+    second = (fetched.patches / "0002-second.patch").read_bytes()
+    chain.unapply(to="0001")
+    # two more lines in 0001 move 0002's hunk: refresh re-renders 0002, the chain stays exact
+    fetched.write("ggml/src/ggml.c", fetched.read("ggml/src/ggml.c").replace("// LINE 10\n", "// LINE 10\n// a\n// b\n"))
+    info = chain.refresh()
+    assert info["rebased"] == ["0002-second.patch"]
+    rebased = (fetched.patches / "0002-second.patch").read_bytes()
+    assert rebased != second and rebased.split(b"\ndiff --git")[0] == second.split(b"\ndiff --git")[0]
+    assert chain.apply()[-1]["offsets"] == []
+    assert "// LINE 100" in fetched.read("ggml/src/ggml.c") and "// a\n// b\n" in fetched.read("ggml/src/ggml.c")
+    assert chain.refresh(check=True)["changed"] is False
+
+
+def test_refresh_that_would_break_an_unapplied_patch_writes_nothing(fetched: Proj):
+    capture(fetched, "0001-first", {"ggml/src/ggml.c": fetched.read("ggml/src/ggml.c").replace("// line 10\n", "// LINE 10\n")})
+    capture(fetched, "0002-second", {"ggml/src/ggml.c": fetched.read("ggml/src/ggml.c").replace("// line 12\n", "// LINE 12\n")})
+    chain = fetched.chain()
+    chain.unapply(to="0001")
+    before = {p.name: p.read_bytes() for p in fetched.patches.iterdir()}
+    fetched.write("ggml/src/ggml.c", fetched.read("ggml/src/ggml.c").replace("// line 11\n", "// changed 11\n"))
+    with pytest.raises(VerificationFailed, match="would break the unapplied 0002-second.patch"):
+        chain.refresh()
+    assert {p.name: p.read_bytes() for p in fetched.patches.iterdir()} == before
+
+
 def test_refresh_check_catches_non_canonical_bytes(fetched: Proj):
     capture(fetched, "0001-first", {"src/llama.h": "v1\n"})
     path = fetched.patches / "0001-first.patch"

@@ -162,6 +162,8 @@ def refresh(
         say(f"[green]ok[/] {info['name']} is canonical and matches the live tree")
     else:
         say(f"[green]ok[/] {info['name']} " + ("rewritten" if info["changed"] else "unchanged"))
+        for name in info["rebased"]:
+            say(f"[green]ok[/] {name} rebased (its hunks moved; content unchanged)")
 
 
 @app.command()

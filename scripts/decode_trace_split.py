@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Split a CUDA kernel trace of a llama-bench decode run into token steps and say where a step's time goes.
+
+The trace is scripts/cupti_trace.c's CSV (or any CSV with "Start (ns)", "Duration (ns)" and "Name"). The
+decode steps are the stretches between the host's input copies (host-to-device memcpys that follow a
+kernel), after the last large device-to-host copy (llama-bench saving the prefilled state). Per step it
+prints the wall span, the GPU-busy time (union of the kernels' intervals: with PDL, kernels overlap),
+the idle time and the kernels by time.
+
+  decode_trace_split.py trace.csv [LABEL] [--skip N] [--top K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import sys
+
+
+def read_trace(path: str) -> list[tuple[int, int, str]]:
+    with open(path, newline="") as f:
+        return sorted((int(r["Start (ns)"]), int(r["Duration (ns)"]), r["Name"]) for r in csv.DictReader(f))
+
+
+def is_copy(name: str, kind: int) -> bool:
+    return name.startswith(f"memcpy kind {kind} ")
+
+
+def copy_bytes(name: str) -> int:
+    return int(name.split()[3])
+
+
+def decode_steps(rows: list[tuple[int, int, str]]) -> list[list[tuple[int, int, str]]]:
+    """The activities of each decode step, the last (open-ended) step left out."""
+    big_dtoh = [i for i, r in enumerate(rows) if is_copy(r[2], 2) and copy_bytes(r[2]) > 1 << 20]
+    rows = rows[big_dtoh[-1] + 1:] if big_dtoh else rows
+    starts, after_kernel = [], True
+    for i, (_, _, name) in enumerate(rows):
+        if is_copy(name, 1):
+            if after_kernel:
+                starts.append(i)
+            after_kernel = False
+        elif not name.startswith("mem"):
+            after_kernel = True
+    return [rows[a:b + 1] for a, b in zip(starts, starts[1:])]
+
+
+def summarize(step: list[tuple[int, int, str]]) -> tuple[int, int, collections.Counter]:
+    """(span up to the next step's first copy, GPU-busy union, time by kernel) of one step."""
+    *acts, nxt = step
+    busy, end = 0, 0
+    by_name: collections.Counter = collections.Counter()
+    for start, dur, name in acts:
+        if start + dur > end:
+            busy += start + dur - max(start, end)
+            end = start + dur
+        by_name[name.split("(")[0][:60]] += dur
+    return nxt[0] - acts[0][0], busy, by_name
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("label", nargs="?", default="")
+    ap.add_argument("--skip", type=int, default=2, help="steps to leave out at the start (default 2)")
+    ap.add_argument("--top", type=int, default=10, help="kernels to list (default 10)")
+    args = ap.parse_args(argv)
+    steps = [summarize(s) for s in decode_steps(read_trace(args.trace))][args.skip:]
+    if not steps:
+        print(f"error: {args.trace}: no decode steps found", file=sys.stderr)
+        return 1
+    n = len(steps)
+    span = sum(s[0] for s in steps) / n
+    busy = sum(s[1] for s in steps) / n
+    print(f"== {args.label or args.trace}: {n} steps; per step {span / 1e3:.1f} us, GPU busy {busy / 1e3:.1f} us, "
+          f"idle {(span - busy) / 1e3:.1f} us")
+    total: collections.Counter = collections.Counter()
+    for s in steps:
+        total.update(s[2])
+    for name, ns in total.most_common(args.top):
+        print(f"   {ns / n / 1e3:9.1f} us  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
