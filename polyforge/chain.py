@@ -341,20 +341,18 @@ class Chain:
         data = patchfile.render(header, diff)
         path = self.project.patches_dir / file_name
         patch = patchfile.parse(data, file_name, path)
-        if later:
-            steps = run_chain(self.tree.git, live_tree, later)
-            failed = next((s for s in steps if not s.ok), None)
-            if failed is not None:
-                raise VerificationFailed(f"capturing would break the unapplied {failed.name}: {failed.error}",
-                                         hint="nothing was written")
+        rebased = self._rebase_unapplied(f"capturing {file_name}", later, live_tree)
         self.project.patches_dir.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+        for later_patch, later_data in rebased:
+            later_patch.path.write_bytes(later_data)
         commit = self.tree.patch_commit(self.tree.head(), live_tree, file_name, patch.sha256)
         self.tree.git.run("update-ref", "refs/heads/main", commit)
         self.tree.sync_index()
         self.relock()
         return {"name": file_name, "sha256": patch.sha256, "tree": live_tree,
-                "files": [{"path": c.path, "change": c.kind} for c in patch.changes]}
+                "files": [{"path": c.path, "change": c.kind} for c in patch.changes],
+                "rebased": [later_patch.name for later_patch, _ in rebased]}
 
     def refresh(self, check: bool = False, message: str | None = None) -> dict:
         """Rewrite the top applied patch from the live tree; a message replaces its subject and
@@ -386,7 +384,7 @@ class Chain:
                                          f"({'live edits beyond it' if live_tree != top.tree else 'non-canonical bytes'})",
                                          hint="run: polyforge refresh")
             return {"name": top.name, "changed": False}
-        rebased = self._rebase_unapplied(top.name, patches[len(applied):], live_tree)
+        rebased = self._rebase_unapplied(f"refreshing {top.name}", patches[len(applied):], live_tree)
         if changed:
             patchfile.parse(data, top.name, patch.path)
             patch.path.write_bytes(data)
@@ -400,14 +398,14 @@ class Chain:
         return {"name": top.name, "changed": changed, "sha256": sha, "tree": live_tree,
                 "rebased": [later.name for later, _ in rebased]}
 
-    def _rebase_unapplied(self, top_name: str, later: list[Patch], tree: str) -> list[tuple[Patch, bytes]]:
-        """The unapplied patches above a refreshed one, re-rendered where their hunks only moved (offsets,
-        blob ids), so the chain stays exact; a patch that no longer applies stops the refresh."""
+    def _rebase_unapplied(self, doing: str, later: list[Patch], tree: str) -> list[tuple[Patch, bytes]]:
+        """The unapplied patches above a captured or refreshed one, re-rendered where their hunks only moved
+        (offsets, blob ids), so the chain stays exact; a patch that no longer applies stops the command."""
         steps = run_chain(self.tree.git, tree, later, allow_offset=True)
         failed = next((s for s in steps if not s.ok), None)
         if failed is not None:
-            raise VerificationFailed(f"refreshing {top_name} would break the unapplied {failed.name}: {failed.error}",
-                                     hint="nothing was written; apply the chain, move the edit, then refresh")
+            raise VerificationFailed(f"{doing} would break the unapplied {failed.name}: {failed.error}",
+                                     hint="nothing was written")
         rebased = []
         for patch, step in zip(later, steps):
             assert step.tree

@@ -191,6 +191,20 @@ def test_refresh_below_the_top_rebases_the_unapplied_patches(fetched: Proj):
     assert chain.refresh(check=True)["changed"] is False
 
 
+def test_capture_below_an_unapplied_patch_rebases_it(fetched: Proj):
+    capture(fetched, "0002-second", {"ggml/src/ggml.c": fetched.read("ggml/src/ggml.c").replace("// line 100\n", "// LINE 100\n")})
+    chain = fetched.chain()
+    chain.unapply()
+    fetched.write("ggml/src/ggml.c", fetched.read("ggml/src/ggml.c").replace("// line 10\n", "// line 10\n// new\n"))
+    info = chain.capture("0001-first")
+    assert info["rebased"] == ["0002-second.patch"]
+    report = chain.apply()
+    assert [r["status"] for r in report] == ["already applied", "applied"] and report[-1]["offsets"] == []
+    assert fetched.chain().refresh(check=True)["changed"] is False
+    from polyforge.verify import verify
+    assert verify(fetched.chain()).ok
+
+
 def test_refresh_that_would_break_an_unapplied_patch_writes_nothing(fetched: Proj):
     capture(fetched, "0001-first", {"ggml/src/ggml.c": fetched.read("ggml/src/ggml.c").replace("// line 10\n", "// LINE 10\n")})
     capture(fetched, "0002-second", {"ggml/src/ggml.c": fetched.read("ggml/src/ggml.c").replace("// line 12\n", "// LINE 12\n")})

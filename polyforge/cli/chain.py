@@ -140,6 +140,7 @@ def capture(
         emit_json(info)
         return
     say(f"[green]ok[/] captured {info['name']}: {len(info['files'])} file(s), sha256 {info['sha256'][:12]}")
+    _say_rebased(info)
 
 
 @app.command()
@@ -162,8 +163,12 @@ def refresh(
         say(f"[green]ok[/] {info['name']} is canonical and matches the live tree")
     else:
         say(f"[green]ok[/] {info['name']} " + ("rewritten" if info["changed"] else "unchanged"))
-        for name in info["rebased"]:
-            say(f"[green]ok[/] {name} rebased (its hunks moved; content unchanged)")
+        _say_rebased(info)
+
+
+def _say_rebased(info: dict) -> None:
+    for name in info["rebased"]:
+        say(f"[green]ok[/] {name} rebased (its hunks moved; content unchanged)")
 
 
 @app.command()
