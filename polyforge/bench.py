@@ -2,6 +2,10 @@
 flag sets, with repetitions; writes JSON, a markdown table with ratios against a reference
 KV type measured in the same run, and a PNG of decode t/s against depth per KV type.
 
+Given the machine's memory bandwidth, each decode row also gets its bandwidth roofline: the bytes
+a generated token reads (the weights, as llama-bench sizes them, plus the KV cache at the row's
+mean depth, from the model's GGUF shape) and the fraction of bandwidth/bytes the row reached.
+
 llama-bench crosses every list it is given, so each (KV pair, flag set) is one invocation
 with the depth list; rows are keyed by (kv, flags, test, depth).
 """
@@ -18,6 +22,7 @@ from typing import Callable
 
 from . import proc
 from .errors import BadInput, EnvironmentProblem, VerificationFailed
+from .gguf import read_metadata
 
 _KV = re.compile(r"^([a-z0-9_]+)/([a-z0-9_]+)$")
 
@@ -31,10 +36,11 @@ class BenchSpec:
     n_prompt: int
     n_gen: int
     repetitions: int
+    bandwidth_gbps: float | None = None  # memory bandwidth for the decode rooflines
 
     @staticmethod
     def make(kv: list[str], reference: str | None, depths: list[int], flag_sets: list[str] | None,
-             n_prompt: int, n_gen: int, repetitions: int) -> "BenchSpec":
+             n_prompt: int, n_gen: int, repetitions: int, bandwidth_gbps: float | None = None) -> "BenchSpec":
         pairs = [p.strip() for item in kv for p in item.split(",") if p.strip()]
         if not pairs:
             raise BadInput("--kv: give at least one K/V pair, e.g. f16/f16,q8_0/q8_0")
@@ -53,8 +59,10 @@ class BenchSpec:
                 shlex.split(flags)
             except ValueError as exc:
                 raise BadInput(f"--flags {flags!r}: {exc}") from None
+        if bandwidth_gbps is not None and not bandwidth_gbps > 0:
+            raise BadInput("--bandwidth takes a positive number of GB/s")
         return BenchSpec(tuple(dict.fromkeys(pairs)), reference, tuple(sorted(set(depths))),
-                         tuple(flag_sets or [""]), n_prompt, n_gen, repetitions)
+                         tuple(flag_sets or [""]), n_prompt, n_gen, repetitions, bandwidth_gbps)
 
 
 def test_name(row: dict) -> str:
@@ -79,6 +87,11 @@ def parse_llama_bench(stdout: str) -> list[dict]:
 
 def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, timeout: float = 3600,
         log: Callable[[str], None] = lambda m: None) -> dict:
+    shape = None
+    if spec.bandwidth_gbps is not None:  # refuse what cannot be modelled before the runs
+        shape = kv_shape(read_metadata(model))
+        for pair in spec.kv:
+            shape.bytes_per_token(*pair.split("/"))
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     started = time.monotonic()
@@ -101,9 +114,12 @@ def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, timeout
             for r in results:
                 rows.append({"kv": pair, "flags": flags, "test": test_name(r), "depth": int(r.get("n_depth", 0)),
                              "avg_ts": float(r["avg_ts"]), "stddev_ts": float(r.get("stddev_ts", 0.0)),
-                             "samples": len(r.get("samples_ts", [])) or spec.repetitions})
+                             "samples": len(r.get("samples_ts", [])) or spec.repetitions,
+                             "n_gen": int(r.get("n_gen", 0)), "model_size": int(r.get("model_size", 0))})
     add_ratios(rows, spec.reference)
-    result = {"reference": spec.reference, "spec": {"kv": list(spec.kv), "depths": list(spec.depths),
+    if shape is not None:
+        add_roofline(rows, shape, spec.bandwidth_gbps)
+    result = {"reference": spec.reference, "bandwidth_gbps": spec.bandwidth_gbps, "spec": {"kv": list(spec.kv), "depths": list(spec.depths),
               "flags": list(spec.flag_sets), "n_prompt": spec.n_prompt, "n_gen": spec.n_gen,
               "repetitions": spec.repetitions}, "model": str(model), "rows": rows,
               "seconds": round(time.monotonic() - started, 1)}
@@ -124,13 +140,75 @@ def add_ratios(rows: list[dict], reference: str) -> None:
         r["ratio"] = round(r["avg_ts"] / base, 4) if base else None
 
 
+# bytes and values per block of the KV cache types
+KV_TYPE_BLOCKS = {"f32": (4, 1), "f16": (2, 1), "bf16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32), "q4_1": (20, 32),
+                  "q5_0": (22, 32), "q5_1": (24, 32), "iq4_nl": (18, 32), "turbo2": (18, 64), "turbo3": (26, 64),
+                  "turbo4": (34, 64)}
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """What one cached token costs per layer: K and V values of every KV head."""
+    n_head_kv: tuple[int, ...]  # per layer
+    head_dim_k: int
+    head_dim_v: int
+
+    def bytes_per_token(self, type_k: str, type_v: str) -> float:
+        for t in (type_k, type_v):
+            if t not in KV_TYPE_BLOCKS:
+                raise BadInput(f"--bandwidth: no size known for KV type {t}")
+        per = lambda t: KV_TYPE_BLOCKS[t][0] / KV_TYPE_BLOCKS[t][1]
+        return sum(n * (self.head_dim_k * per(type_k) + self.head_dim_v * per(type_v)) for n in self.n_head_kv)
+
+
+def kv_shape(meta: dict) -> KvShape:
+    """The KV shape from GGUF metadata; models whose layers do not all cache every token (sliding window)
+    are refused, since their bytes per token do not follow from the depth."""
+    arch = meta.get("general.architecture")
+    key = lambda name: meta.get(f"{arch}.{name}")
+    n_layer, n_embd, n_head = key("block_count"), key("embedding_length"), key("attention.head_count")
+    if not isinstance(n_layer, int) or not isinstance(n_embd, int) or not n_head:
+        raise BadInput(f"--bandwidth: the model's GGUF lacks {arch}.block_count/embedding_length/attention.head_count")
+    if key("attention.sliding_window"):
+        raise BadInput(f"--bandwidth: {arch} has sliding-window layers; its KV bytes per token are not modelled")
+    n_head_kv = key("attention.head_count_kv") or n_head
+    heads = [n_head_kv] * n_layer if isinstance(n_head_kv, int) else list(n_head_kv)
+    n_head0 = n_head if isinstance(n_head, int) else max(n_head)
+    head_dim_k = key("attention.key_length") or n_embd // n_head0
+    head_dim_v = key("attention.value_length") or n_embd // n_head0
+    if len(heads) != n_layer:
+        raise BadInput(f"--bandwidth: head_count_kv has {len(heads)} entries for {n_layer} layers")
+    return KvShape(tuple(heads), head_dim_k, head_dim_v)
+
+
+def add_roofline(rows: list[dict], shape: KvShape, bandwidth_gbps: float) -> None:
+    """For decode rows: bytes read per generated token (weights + KV at the mean depth of the test),
+    the t/s that bandwidth_gbps allows, and the fraction of it reached."""
+    for r in rows:
+        if not r["test"].startswith("tg") or not r.get("model_size"):
+            continue
+        k, v = r["kv"].split("/")
+        depth = r["depth"] + (r.get("n_gen", 0) - 1) / 2
+        nbytes = r["model_size"] + depth * shape.bytes_per_token(k, v)
+        r["bytes_per_token"] = round(nbytes)
+        r["roofline_ts"] = round(bandwidth_gbps * 1e9 / nbytes, 1)
+        r["roofline_fraction"] = round(r["avg_ts"] / r["roofline_ts"], 4)
+
+
 def markdown(result: dict) -> str:
-    lines = [f"reference: `{result['reference']}` (ratio = t/s / reference t/s, same run)", "",
-             "| kv | flags | test | depth | t/s | ± | ratio |", "|---|---|---|---:|---:|---:|---:|"]
+    roof = result.get("bandwidth_gbps") is not None
+    head = "| kv | flags | test | depth | t/s | ± | ratio |" + (" GB/token | roofline t/s | of roofline |" if roof else "")
+    lines = [f"reference: `{result['reference']}` (ratio = t/s / reference t/s, same run)"
+             + (f"; roofline at {result['bandwidth_gbps']:g} GB/s" if roof else ""), "",
+             head, "|---|---|---|---:|---:|---:|---:|" + ("---:|---:|---:|" if roof else "")]
     for r in sorted(result["rows"], key=lambda r: (r["flags"], r["test"], r["depth"], r["kv"])):
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-        lines.append(f"| {r['kv']} | {r['flags'] or '-'} | {r['test']} | {r['depth']} | {r['avg_ts']:.2f} | "
-                     f"{r['stddev_ts']:.2f} | {ratio} |")
+        line = (f"| {r['kv']} | {r['flags'] or '-'} | {r['test']} | {r['depth']} | {r['avg_ts']:.2f} | "
+                f"{r['stddev_ts']:.2f} | {ratio} |")
+        if roof:
+            line += (f" {r['bytes_per_token'] / 1e9:.2f} | {r['roofline_ts']:.0f} | {r['roofline_fraction']:.0%} |"
+                     if "roofline_ts" in r else " - | - | - |")
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

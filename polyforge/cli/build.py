@@ -266,9 +266,11 @@ def bench(
     arch: Optional[str] = typer.Option(None, "--arch"),
     out: Optional[str] = typer.Option(None, "--out", help="Output folder (default build/KEY/bench/TIME)."),
     find_links: Optional[str] = typer.Option(None, "--find-links"),
+    bandwidth: Optional[float] = typer.Option(None, "--bandwidth",
+                                              help="Memory bandwidth in GB/s: add each decode row's roofline."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
-    """A llama-bench matrix: KV types x depths x flags; JSON, markdown, ratios, PNG."""
+    """A llama-bench matrix: KV types x depths x flags; JSON, markdown, ratios, PNG (and rooflines)."""
     import time as _time
     from pathlib import Path
     from .. import bench as bench_lib
@@ -277,7 +279,7 @@ def bench(
         depths = [int(d) for d in depth.split(",") if d.strip()]
     except ValueError:
         raise typer.BadParameter("--depth takes integers, e.g. 0,512,2048") from None
-    spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, n_prompt, n_gen, repetitions)
+    spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, n_prompt, n_gen, repetitions, bandwidth)
     project = find_project()
     chain = Chain(project)
     if build_key:
