@@ -23,6 +23,7 @@ from typing import Callable
 from . import proc
 from .errors import BadInput, EnvironmentProblem, VerificationFailed
 from .gguf import read_metadata
+from .kvtypes import CHAIN_BITS, UPSTREAM_BITS
 
 _KV = re.compile(r"^([a-z0-9_]+)/([a-z0-9_]+)$")
 
@@ -140,10 +141,7 @@ def add_ratios(rows: list[dict], reference: str) -> None:
         r["ratio"] = round(r["avg_ts"] / base, 4) if base else None
 
 
-# bytes and values per block of the KV cache types
-KV_TYPE_BLOCKS = {"f32": (4, 1), "f16": (2, 1), "bf16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32), "q4_1": (20, 32),
-                  "q5_0": (22, 32), "q5_1": (24, 32), "iq4_nl": (18, 32), "turbo2": (18, 64), "turbo3": (26, 64),
-                  "turbo4": (34, 64)}
+KV_BITS = {**UPSTREAM_BITS, **CHAIN_BITS}
 
 
 @dataclass(frozen=True)
@@ -155,10 +153,10 @@ class KvShape:
 
     def bytes_per_token(self, type_k: str, type_v: str) -> float:
         for t in (type_k, type_v):
-            if t not in KV_TYPE_BLOCKS:
+            if t not in KV_BITS:
                 raise BadInput(f"--bandwidth: no size known for KV type {t}")
-        per = lambda t: KV_TYPE_BLOCKS[t][0] / KV_TYPE_BLOCKS[t][1]
-        return sum(n * (self.head_dim_k * per(type_k) + self.head_dim_v * per(type_v)) for n in self.n_head_kv)
+        per_layer_head = self.head_dim_k * KV_BITS[type_k] / 8 + self.head_dim_v * KV_BITS[type_v] / 8
+        return sum(n * per_layer_head for n in self.n_head_kv)
 
 
 def kv_shape(meta: dict) -> KvShape:
@@ -188,7 +186,7 @@ def add_roofline(rows: list[dict], shape: KvShape, bandwidth_gbps: float) -> Non
         if not r["test"].startswith("tg") or not r.get("model_size"):
             continue
         k, v = r["kv"].split("/")
-        depth = r["depth"] + (r.get("n_gen", 0) - 1) / 2
+        depth = r["depth"] + (r["n_gen"] - 1) / 2
         nbytes = r["model_size"] + depth * shape.bytes_per_token(k, v)
         r["bytes_per_token"] = round(nbytes)
         r["roofline_ts"] = round(bandwidth_gbps * 1e9 / nbytes, 1)

@@ -15,10 +15,10 @@ import re
 
 from ._common import need, need_model, only, run_logged, str_list
 from ..errors import BadInput, VerificationFailed
+from ..kvtypes import UPSTREAM_BITS
 
-# bits per element of the ggml KV types (block size in bits / elements per block)
-BITS = {"f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q5_0": 5.5,
-        "q5_1": 6.0, "iq4_nl": 4.5}
+# upstream's KV types; a gate declares the chain's in params.bits
+BITS = UPSTREAM_BITS
 _KV = re.compile(r"^([a-z0-9_]+)/([a-z0-9_]+)$")
 _FLOAT = r"([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 _PATTERNS = {
