@@ -66,7 +66,8 @@ def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None 
         paths[model] = fetched.path
     build_dir = Path(manifest["build_dir"])
     ctx = runner.GateContext(gate=gate, build_dir=build_dir, work_dir=build_dir / "gates" / name,
-                             gates_dir=project.gates_dir, project_root=project.root, models=paths, log=log)
+                             gates_dir=project.gates_dir, project_root=project.root, models=paths, log=log,
+                             env=dict(gate.env))
     verdict = runner.run_gate(ctx)
     verdict["build"] = manifest["key"]
     verdict["live_tree"] = manifest.get("live_tree")

@@ -43,6 +43,9 @@ def _write_gate(folder: Path, data: dict, name: str = "g") -> Path:
     ({"params": {"argv": ["x"], "parse": "xml"}}, "params.parse"),
     ({"params": {"argv": ["{model:m}"]}}, "must be listed under 'models'"),
     ({"timeout": -1}, "timeout"),
+    ({"env": ["A=1"]}, "'env' must map"),
+    ({"env": {"1A": "x"}}, "'env' must map"),
+    ({"env": {"A": True}}, "'env' must map"),
 ])
 def test_schema_rejects(tmp_path, change, fragment):
     path = _write_gate(tmp_path, {**GOOD, **change})
@@ -275,11 +278,13 @@ def gate_env(proj, monkeypatch):
     return proj, build_dir
 
 
-def _gate(proj, name, kind, params, thresholds, models=("m",), build=None):
+def _gate(proj, name, kind, params, thresholds, models=("m",), build=None, env=None):
     data = {"name": name, "kind": kind, "models": list(models), "params": params, "thresholds": thresholds,
             "timeout": 60}
     if build:
         data["build"] = build
+    if env:
+        data["env"] = env
     _write_gate(proj.root / "gates", data, name)
 
 
@@ -378,6 +383,23 @@ def test_command_gate_with_placeholders(gate_env):
     _gate(proj, "cmd2", "command", {"argv": ["{bin:no-such-binary}"]}, ["exit_code == 0"], models=())
     with pytest.raises(BadInput, match="has no no-such-binary"):
         pipeline.run_gate(proj.chain(), "cmd2", build_key="cpu-fake")
+
+
+def test_gate_env_reaches_its_commands(gate_env, monkeypatch):
+    proj, _ = gate_env
+    monkeypatch.setenv("POLYFORGE_TEST_KEPT", "kept")
+    script = write_script(proj.root / "scripts" / "gate_env.py", """\
+        import json, os
+        print(json.dumps({"mode": os.environ.get("POLYFORGE_TEST_MODE"), "kept": os.environ.get("POLYFORGE_TEST_KEPT")}))
+        """)
+    _gate(proj, "envd", "command", {"argv": ["python", str(script)], "parse": "json"},
+          ["mode == '1' and kept == 'kept'"], models=(), env={"POLYFORGE_TEST_MODE": 1})
+    assert runner.find(proj.root / "gates", "envd").env == (("POLYFORGE_TEST_MODE", "1"),)
+    verdict = pipeline.run_gate(proj.chain(), "envd", build_key="cpu-fake")
+    assert verdict["ok"] is True, verdict
+    _gate(proj, "plain", "command", {"argv": ["python", str(script)], "parse": "json"}, ["mode == '1'"], models=())
+    verdict = pipeline.run_gate(proj.chain(), "plain", build_key="cpu-fake")
+    assert verdict["ok"] is False and verdict["metrics"]["mode"] is None
 
 
 def test_gate_requires_matching_build(gate_env):

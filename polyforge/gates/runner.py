@@ -11,6 +11,7 @@ Schema (validated into the dataclasses below):
       requires: any             # any | cpu | cuda: where the gate makes sense
     models: [gemma3-270m]       # fetched (and sha256-checked) before it runs
     timeout: 1800               # seconds, per command
+    env: {GGML_CUDA_X: "1"}     # optional: environment of every command it runs
     params: {...}               # the kind's own, validated by its module
     thresholds:                 # every expression must hold for ok
       - "[q8_0/q8_0].kld_mean <= 0.05"
@@ -45,6 +46,7 @@ from ..errors import BadInput, PolyforgeError
 KINDS = ("backend-ops", "perplexity-kld", "server", "command")
 REQUIRES = ("any", "cpu", "cuda")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REF = re.compile(r"\[([^\[\]*]+)\]\.([A-Za-z_][A-Za-z0-9_]*)")
 _FUNCS = ("min", "max", "abs", "len", "dominates")
 
@@ -70,6 +72,7 @@ class Gate:
     thresholds: tuple[str, ...]
     timeout: float
     path: Path
+    env: tuple[tuple[str, str], ...] = ()
 
     def applies_to(self, cuda: bool) -> bool:
         return self.build.requires == "any" or self.build.requires == ("cuda" if cuda else "cpu")
@@ -102,7 +105,7 @@ def load(path: Path) -> Gate:
         raise BadInput(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise BadInput(f"{where}: a gate must be a mapping")
-    allowed = {"name", "kind", "description", "build", "models", "params", "thresholds", "timeout"}
+    allowed = {"name", "kind", "description", "build", "models", "params", "thresholds", "timeout", "env"}
     extra = set(raw) - allowed
     if extra:
         raise BadInput(f"{where}: unknown key(s) {', '.join(sorted(extra))} (allowed: {', '.join(sorted(allowed))})")
@@ -135,12 +138,16 @@ def load(path: Path) -> Gate:
     timeout = raw.get("timeout", 1800)
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise BadInput(f"{where}: 'timeout' must be a positive number of seconds")
+    env = raw.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and _ENV_NAME.match(k) for k in env) \
+            or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in env.values()):
+        raise BadInput(f"{where}: 'env' must map variable names to strings or numbers")
     params = raw.get("params") or {}
     if not isinstance(params, dict):
         raise BadInput(f"{where}: 'params' must be a mapping")
     params = _module(kind).validate(params, where, tuple(models))
     return Gate(name, kind, str(raw.get("description", "")), GateBuild(tuple(targets), requires), tuple(models),
-                params, tuple(thresholds), float(timeout), path)
+                params, tuple(thresholds), float(timeout), path, tuple((k, str(v)) for k, v in env.items()))
 
 
 # -- threshold expressions -----------------------------------------------------------------
