@@ -27,6 +27,7 @@ from . import cmake, proc
 from .errors import BadInput, EnvironmentProblem, VerificationFailed
 from .filelock import FileLock
 from .hashing import sha256_bytes, sha256_file
+from .textfile import write_text_atomic
 
 DEFAULT_TARGETS = ("ggml", "llama", "llama-server", "llama-cli", "llama-bench", "llama-perplexity",
                    "test-backend-ops", "test-quantize-fns")
@@ -42,6 +43,11 @@ OFFLINE_ARGS = ("-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DFETCHC
 _DEFINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?::[A-Z]+)?=(.*)$")
 _ARCH = re.compile(r"^(?:sm_|compute_)?(\d{2,3}[a-z]?)(?:-(?:real|virtual))?$")
 _FA_TYPES = re.compile(r"set\s*\(\s*FA_TYPES\s+([^)]*)\)")
+
+# x86-64 builds leave out ggml's AMX kernels: on AMX machines (Sapphire Rapids and later) a native
+# build repacks Q4_K weights into AMX buffers whose mul_mat segfaults (upstream issue 20824; the
+# Gemma 3 gates crash in warm-up). Explicit -mno-* flags win over -march=native in GCC and Clang.
+X86_ISA_OFF = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
 
 
 class BuildFailed(VerificationFailed):
@@ -236,6 +242,16 @@ class Plan:
                 "configured": (self.build_dir / _CONFIGURED).is_file()}
 
 
+def cpu_compile_flags(defines: dict[str, str], machine: str | None = None) -> str:
+    """The C/C++ flags polyforge adds (X86_ISA_OFF on x86-64), unless the user sets the flags."""
+    import platform
+    if "CMAKE_C_FLAGS" in defines or "CMAKE_CXX_FLAGS" in defines:
+        return ""
+    if (machine or platform.machine()).lower() not in ("x86_64", "amd64"):
+        return ""
+    return " ".join(X86_ISA_OFF)
+
+
 def chain_digest(applied: list[tuple[str, str]]) -> str:
     return sha256_bytes("".join(f"{name} {sha}\n" for name, sha in applied).encode())
 
@@ -273,6 +289,10 @@ def plan(chain, options: BuildOptions) -> Plan:
         option_inputs.update(archs=archs, fa_quants=quants)
     else:
         cache_args.append("-DGGML_CUDA=OFF")
+    cpu_flags = cpu_compile_flags(defines)
+    if cpu_flags:
+        cache_args += [f"-DCMAKE_{lang}_FLAGS={cpu_flags}" for lang in ("C", "CXX")]
+        option_inputs["cpu_flags"] = cpu_flags
     env = ccache_env(project.root, tools)
     if env:
         launchers = ["C", "CXX"] + (["CUDA"] if options.cuda else [])
@@ -390,9 +410,7 @@ def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
             "configure_log": str(build_dir / CONFIGURE_LOG),
             "artifacts": _artifacts(build_dir / "bin", previous),
         }
-        tmp = build_dir / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        tmp.replace(build_dir / MANIFEST)
+        write_text_atomic(build_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return BuildResult(plan_, manifest, configured, time.monotonic() - started)
 
 

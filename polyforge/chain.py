@@ -21,7 +21,7 @@ from .lockfile import ChainLock, LockEntry
 from .patchfile import Patch
 from .project import Project
 from .settings import Pin
-from .vendored import AppliedPatch, VendoredTree
+from .vendored import BASELINE_TAG, AppliedPatch, VendoredTree
 
 _OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
 
@@ -43,8 +43,10 @@ class StepResult:
 def discover(project: Project) -> list[Patch]:
     """Every patches/*.patch in pure lexical (byte) order of file names."""
     folder = project.patches_dir
-    if not folder.is_dir():
+    if not folder.exists() and not folder.is_symlink():
         return []
+    if not folder.is_dir():
+        raise BadInput(f"{folder}: is not a folder (patches/ must be a folder of NNNN-slug.patch files)")
     files = sorted((p for p in folder.iterdir() if p.suffix == ".patch"), key=lambda p: p.name.encode())
     patches = []
     for path in files:
@@ -78,8 +80,20 @@ def _symlinks(index: Git) -> set[str]:
     return links
 
 
-def _check_symlinks(index: Git, patch: Patch) -> None:
-    links = _symlinks(index)
+_TREE_SYMLINKS: dict[str, frozenset[str]] = {}  # tree id -> its symlinks; a tree id names its content
+
+
+def tree_symlinks(repo: Git, tree: str) -> frozenset[str]:
+    """Every symlink (mode 120000) in `tree`, recursively; one ls-tree per tree id per process."""
+    if tree not in _TREE_SYMLINKS:
+        out = repo.run("ls-tree", "-r", "-z", tree, strip=False)
+        _TREE_SYMLINKS[tree] = frozenset(entry.split("\t", 1)[1] for entry in out.split("\0")
+                                         if entry.startswith("120000 "))
+    return _TREE_SYMLINKS[tree]
+
+
+def check_through_symlinks(links: set[str] | frozenset[str], patch: Patch) -> None:
+    """Refuse a patch with a path that is, or goes through, one of `links`."""
     if not links:
         return
     for path in patch.paths():
@@ -90,13 +104,18 @@ def _check_symlinks(index: Git, patch: Patch) -> None:
                 raise BadInput(f"{patch.name}: {path} goes through the symlink {prefix}; patches may not")
 
 
+def _check_symlinks(index: Git, patch: Patch) -> None:
+    check_through_symlinks(_symlinks(index), patch)
+
+
 def apply_in_index(index: Git, patch: Patch, *, reverse: bool = False, allow_offset: bool = False) -> StepResult:
     """Apply (or reverse) one patch to a scratch index; exact unless allow_offset."""
     _check_symlinks(index, patch)
     args = ["apply", "--cached", "-v", "--whitespace=nowarn"]
     if reverse:
         args.append("--reverse")
-    status, _, err = index.run_full(*args, str(patch.path), check=False)
+    # only the diff section, on stdin: git would also apply a hunk sitting in the description
+    status, _, err = index.run_full(*args, input=patch.diff.encode("utf-8"), check=False)
     if status != 0:
         lines = [ln.strip() for ln in err.splitlines() if ln.startswith(("error:", "fatal:"))]
         return StepResult(patch.name, False, error="; ".join(lines) or err.strip().splitlines()[-1])
@@ -121,28 +140,104 @@ def run_chain(repo: Git, start_tree: str, patches: list[Patch], *, reverse: bool
     return results
 
 
+_ORDER_SEARCH_BUDGET = 300  # trial applications: a 20-patch chain needs at most 210 when nothing backtracks
+
+
 def find_misnumbered(repo: Git, start_tree: str, patches: list[Patch], failed_at: int) -> str | None:
-    """When lexical order fails at `failed_at`, look for a later patch that must come first."""
-    tree = start_tree
-    if failed_at:
-        prefix = run_chain(repo, start_tree, patches[:failed_at])
-        if len(prefix) != failed_at or not prefix[-1].ok or prefix[-1].tree is None:
+    """When lexical order fails, the smallest renumbering that makes the chain apply, as a hint.
+
+    Searches for an order that applies (at each step the lexically-first patch that applies
+    next, backtracking within a budget); the patches to move are those outside a longest run
+    of that order kept in lexical order. None when the search ran out of budget.
+    """
+    order = _order_that_applies(repo, start_tree, patches)
+    if order is None:
+        return None
+    if not order:
+        return (f"no order of the chain applies: {patches[failed_at].name} fails in lexical order "
+                f"and no other order gets every patch on")
+    kept = set(_longest_increasing(order))
+    moves = []
+    for position, index in enumerate(order):
+        if index in kept:
+            continue
+        where = f"sort after {patches[order[position - 1]].name}" if position else f"sort before {patches[order[1]].name}"
+        moves.append(f"{patches[index].name} to {where}")
+    return "renumber " + ", ".join(moves)
+
+
+def _order_that_applies(repo: Git, start_tree: str, patches: list[Patch]) -> list[int] | None:
+    """Indices of `patches` in an order that applies exactly; [] if none does, None if unknown."""
+    budget = [_ORDER_SEARCH_BUDGET]
+    applied: dict[tuple[str, int], str | None] = {}
+    dead_ends: set[tuple[str, frozenset[int]]] = set()
+
+    with scratch_index(repo) as index:
+        def step(tree: str, i: int) -> str | None:
+            if (tree, i) not in applied:
+                budget[0] -= 1
+                index.read_tree(tree)
+                result = apply_in_index(index, patches[i])
+                applied[(tree, i)] = result.tree if result.ok else None
+            return applied[(tree, i)]
+
+        def search(tree: str, remaining: tuple[int, ...]) -> list[int] | None:
+            if not remaining:
+                return []
+            if (tree, frozenset(remaining)) in dead_ends:
+                return None
+            for i in remaining:  # lexical order first: keeps as much of it as applies
+                if budget[0] <= 0:
+                    raise _OutOfBudget
+                after = step(tree, i)
+                if after is not None:
+                    rest = search(after, tuple(j for j in remaining if j != i))
+                    if rest is not None:
+                        return [i, *rest]
+            dead_ends.add((tree, frozenset(remaining)))
             return None
-        tree = prefix[-1].tree
-    failing = patches[failed_at]
-    for later in patches[failed_at + 1:]:
-        steps = run_chain(repo, tree, [later, failing])
-        if len(steps) == 2 and all(s.ok for s in steps):
-            return (f"{failing.name} applies only after {later.name}: renumber {failing.name} "
-                    f"to sort after {later.name} (or {later.name} before it)")
-    return None
+
+        try:
+            found = search(start_tree, tuple(range(len(patches))))
+        except _OutOfBudget:
+            return None
+    return [] if found is None else found
 
 
-def prune_tree(repo: Git, tree: str, prune: tuple[str, ...]) -> str:
+class _OutOfBudget(Exception):
+    pass
+
+
+def _longest_increasing(sequence: list[int]) -> list[int]:
+    """A longest increasing subsequence; among equals, the one that keeps earlier positions."""
+    longest_from = [1] * len(sequence)
+    for i in range(len(sequence) - 1, -1, -1):
+        for j in range(i + 1, len(sequence)):
+            if sequence[j] > sequence[i]:
+                longest_from[i] = max(longest_from[i], longest_from[j] + 1)
+    result: list[int] = []
+    need = max(longest_from, default=0)
+    for i, value in enumerate(sequence):
+        if longest_from[i] == need and (not result or value > result[-1]):
+            result.append(value)
+            need -= 1
+    return result
+
+
+def prune_tree(repo: Git, tree: str, prune: tuple[str, ...], keep: set[str] | frozenset[str] = frozenset()) -> str:
+    """`tree` less the top-level folders in `prune`, except the files named in `keep`."""
     with scratch_index(repo, tree) as index:
         if prune:
-            index.run("rm", "-r", "-q", "-f", "--cached", "--ignore-unmatch", "--", *prune)
+            listed = index.run("ls-files", "-z", "--", *(f":(literal){p}" for p in prune), strip=False)
+            drop = [path for path in listed.split("\0") if path and path not in keep]
+            if drop:
+                index.run("update-index", "--force-remove", "-z", "--stdin", input="".join(f"{p}\0" for p in drop).encode())
         return index.write_tree()
+
+
+def chain_paths(patches: list[Patch]) -> frozenset[str]:
+    """Every path any patch of the chain touches: a pruned baseline keeps these."""
+    return frozenset(path for patch in patches for path in patch.paths())
 
 
 # -- the project-level chain -----------------------------------------------------------------
@@ -156,18 +251,40 @@ class Chain:
 
     @contextmanager
     def locked(self) -> Iterator[list[str]]:
-        """Hold the project lock; recover a run cut short first. Yields notices."""
+        """Hold the project lock; clear what a dead run left and recover a run cut short first.
+        Yields notices."""
         notices: list[str] = []
-        with FileLock(self.project.lock_path, "vendored tree"):
+        with FileLock(self.project.lock_path, "vendored tree") as lock:
             if self.tree.exists():
+                # holding the lock, we know no other polyforge run is inside the repository
+                notices += self.tree.clear_leftovers(lock.dead_holder)
                 journal = self.tree.recover()
                 if journal is not None:
                     notices.append(f"recovered from an interrupted {journal.op}: the live tree is back at "
                                    f"{journal.from_commit[:12]}")
             yield notices
 
+    @contextmanager
+    def reading(self) -> Iterator[FileLock]:
+        """Hold the project lock shared, for a command that only reads (status): no writer moves
+        the tree meanwhile, and a writer waits for readers rather than failing. A shared lock
+        rather than none, because a reader must not answer from a half-moved tree; readers
+        still run side by side, as snapshot takes no git lock. Yields the lock (its dead_holder)."""
+        with FileLock(self.project.lock_path, "vendored tree", shared=True) as lock:
+            yield lock
+
     def patches(self) -> list[Patch]:
-        return discover(self.project)
+        """The chain, each patch checked against the baseline's symlinks: a path through one is
+        refused as unsafe (exit 2) before anything compares the chain with chain.lock. Patches
+        may neither create nor delete symlinks (patchfile refuses mode 120000), so the baseline's
+        symlinks are those of every tree the chain produces; apply_in_index checks again."""
+        patches = discover(self.project)
+        if patches and self.tree.exists():
+            base = self.tree.git.try_rev_parse(f"refs/tags/{BASELINE_TAG}^{{tree}}")
+            links = tree_symlinks(self.tree.git, base) if base else frozenset()
+            for patch in patches:
+                check_through_symlinks(links, patch)
+        return patches
 
     def lock(self) -> ChainLock | None:
         return ChainLock.read(self.project.chain_lock_file)
@@ -176,11 +293,20 @@ class Chain:
     def pruned(self) -> bool:
         return bool(self.tree.state().get("pruned"))
 
+    def pack_base(self) -> str | None:
+        """The pruned baseline this chain needs: chain.lock's, which keeps the files the chain
+        touches inside the pruned folders; with no lock (no chain), the pin's pack.tree."""
+        lock = self.lock()
+        if lock is not None and lock.pack_base_tree:
+            return lock.pack_base_tree
+        return self.pin.pack_tree
+
     def expected_base(self) -> str:
         if self.pruned:
-            if not self.pin.pack_tree:
-                raise BadInput("the vendored tree is pruned but the pin has no pack.tree")
-            return self.pin.pack_tree
+            pack_base = self.pack_base()
+            if not pack_base:
+                raise BadInput("the vendored tree is pruned but neither chain.lock nor the pin records a pruned baseline")
+            return pack_base
         return self.pin.tree
 
     def locked_tree(self, entry: LockEntry | None) -> str | None:
@@ -226,15 +352,32 @@ class Chain:
             raise VerificationFailed(f"chain.lock drift: {drift[0]}" + (f" (+{len(drift) - 1} more)" if len(drift) > 1 else ""),
                                      hint="if the change is intended, run: polyforge lock")
 
+    @staticmethod
+    def applied_mismatch(applied: list[AppliedPatch], patches: list[Patch]) -> list[str]:
+        """How the applied commits differ from the chain in patches/, one sentence per applied
+        patch that is gone, changed or elsewhere in the chain; empty when they are its prefix."""
+        position = {p.name: i for i, p in enumerate(patches)}
+        renamed = {p.sha256: p.name for p in patches}
+        problems = []
+        for i, done in enumerate(applied):
+            if done.name not in position:
+                problems.append(f"{done.name} is applied but not in patches/"
+                                + (f" (renamed to {renamed[done.sha256]})" if done.sha256 in renamed else ""))
+            elif patches[position[done.name]].sha256 != done.sha256:
+                problems.append(f"{done.name} changed since it was applied")
+            elif position[done.name] != i:
+                problems.append(f"{done.name} is applied as patch {i + 1} but is patch {position[done.name] + 1} of the chain")
+        return problems
+
     def applied_prefix(self, patches: list[Patch]) -> list[AppliedPatch]:
         """The applied commits, checked to be a prefix of the chain by name."""
         applied = self.tree.applied()
         for i, done in enumerate(applied):
             if i >= len(patches) or patches[i].name != done.name:
-                expected = patches[i].name if i < len(patches) else "nothing"
-                raise VerificationFailed(
-                    f"applied patch {done.name} is not patch {i + 1} of the chain ({expected})",
-                    hint="unapply first (polyforge unapply), then apply")
+                why = next((m for m in self.applied_mismatch(applied, patches) if m.startswith(f"{done.name} ")),
+                           f"{done.name} is applied as patch {i + 1}, past the end of the chain")
+                raise VerificationFailed(f"the applied patches are not a prefix of the chain: {why}",
+                                         hint="polyforge unapply (it restores the recorded trees), then apply")
         return applied
 
     # -- commands ---------------------------------------------------------------------------
@@ -276,47 +419,73 @@ class Chain:
         return report
 
     def unapply(self, to: str | None = None) -> list[dict]:
+        """Step back from the top, each step checked against the recorded parent tree.
+
+        A patch whose file is in patches/ (under its name, or renamed with the same bytes) is
+        reverse-applied; one whose file is gone or changed is undone by restoring the parent
+        tree its commit recorded, and the report says so. Works whatever the chain is now.
+        """
         self.tree.require()
         patches = self.patches()
-        keep = 0 if to is None else select(patches, to)
-        applied = self.applied_prefix(patches)
-        if keep > len(applied):
-            raise BadInput(f"--to {to}: only {len(applied)} patches are applied")
+        applied = self.tree.applied()
+        keep = self._applied_kept(applied, patches, to)
         removing = applied[keep:]
         if not removing:
             return []
         self.require_clean("unapply")
         target_commit = applied[keep - 1].commit if keep else self.tree.baseline_commit()
         target_tree = self.tree.git.tree_of(target_commit)
-        # prove the files reverse-apply to the recorded trees; fall back to the commit only
-        # for a patch file that changed since it was applied, and say so
         report = []
         by_name = {p.name: p for p in patches}
-        tree = self.tree.head_tree()
-        with scratch_index(self.tree.git, tree) as index:
+        by_sha = {p.sha256: p for p in patches}
+        with scratch_index(self.tree.git, self.tree.head_tree()) as index:
             for done in reversed(removing):
-                patch = by_name[done.name]
                 parent_tree = self.tree.git.tree_of(f"{done.commit}^")
-                if patch.sha256 != done.sha256:
+                patch = by_name.get(done.name)
+                if patch is None or patch.sha256 != done.sha256:
+                    patch = by_sha.get(done.sha256)
+                if patch is None:
+                    why = "not in patches/" if done.name not in by_name else "patch file changed since it was applied"
                     index.read_tree(parent_tree)
-                    report.append({"name": done.name, "status": "unapplied (patch file changed; restored recorded tree)"})
+                    report.append({"name": done.name, "status": f"unapplied ({why}: restored the recorded parent tree)",
+                                   "tree": parent_tree})
                     continue
                 step = apply_in_index(index, patch, reverse=True)
                 if not step.ok or step.tree != parent_tree:
                     raise VerificationFailed(f"{done.name} does not reverse-apply to its recorded parent tree: "
                                              f"{step.error or step.tree}", hint="nothing was changed")
-                report.append({"name": done.name, "status": "unapplied", "tree": step.tree})
+                report.append({"name": done.name, "tree": step.tree,
+                               "status": "unapplied" + (f" (as {patch.name}, the same bytes renamed)" if patch.name != done.name else "")})
             if index.write_tree() != target_tree:  # pragma: no cover - guarded per step above
                 raise VerificationFailed("unapply did not reach the recorded tree")
         self.tree.move_live(self.tree.head(), target_commit, "unapply")
         return report
 
-    def capture(self, name: str, message: str | None = None, upstream_status: str = "Pending",
+    @staticmethod
+    def _applied_kept(applied: list[AppliedPatch], patches: list[Patch], to: str | None) -> int:
+        """How many applied commits `unapply --to` keeps: up to the one applied as that patch."""
+        if to is None:
+            return 0
+        count = select(patches, to)
+        if count == 0:
+            return 0
+        name = patches[count - 1].name
+        for i, done in enumerate(applied):
+            if done.name == name:
+                return i + 1
+        raise BadInput(f"--to {to}: {name} is not applied ({len(applied)} patches are applied)")
+
+    def capture(self, name: str, message: str | None = None, upstream_status: str | None = None,
                 author: str = "polyforge <polyforge@localhost>") -> dict:
-        self.tree.require()
+        """A new top patch from the live edits. An explicit upstream_status overrides the message's
+        Upstream-Status trailer; with neither, it is Pending."""
         file_name = patchfile.check_name(name)
-        if upstream_status.split()[0] not in patchfile.UPSTREAM_STATUSES:
-            raise BadInput(f"--upstream-status {upstream_status}: one of {', '.join(patchfile.UPSTREAM_STATUSES)}")
+        subject, description, trailers = _split_message(message, file_name[5:-len(".patch")])
+        if upstream_status is not None:
+            patchfile.check_upstream_status(upstream_status, "--upstream-status")
+            trailers = patchfile.merge_trailers(trailers, [f"Upstream-Status: {upstream_status}"])
+        patchfile.check_author(author, "--author")
+        self.tree.require()
         patches = self.patches()
         if any(p.name == file_name for p in patches):
             raise BadInput(f"{file_name} exists already; use polyforge refresh to update the top patch")
@@ -334,10 +503,8 @@ class Chain:
         if live_tree == head_tree:
             raise BadInput("no live edits to capture: the vendored tree equals the applied chain")
         diff = patchfile.generate_diff(self.tree.git, head_tree, live_tree)
-        slug = file_name[5:-len(".patch")]
-        subject, body = _split_message(message, slug)
-        body = "\n\n".join(part for part in (body, f"Upstream-Status: {upstream_status}") if part)
-        header = patchfile.Header(author=author, date=patchfile.today_date(), subject=subject, body=body)
+        header = patchfile.Header(author=author, date=patchfile.today_date(), subject=subject,
+                                  body=_message_body(description, trailers))
         data = patchfile.render(header, diff)
         path = self.project.patches_dir / file_name
         patch = patchfile.parse(data, file_name, path)
@@ -356,14 +523,17 @@ class Chain:
 
     def refresh(self, check: bool = False, message: str | None = None) -> dict:
         """Rewrite the top applied patch from the live tree; a message replaces its subject and
-        description (its trailers, Upstream-Status first, are kept)."""
+        description; its trailers are kept, merged with the message's (whose Upstream-Status wins)."""
+        if check and message is not None:
+            raise BadInput("--check compares with the patch as it is: it takes no message")
+        new_message = None if message is None else patchfile.parse_message(message)
         self.tree.require()
         patches = self.patches()
         applied = self.applied_prefix(patches)
         if not applied:
             raise BadInput("no patch is applied: nothing to refresh")
-        if check and message is not None:
-            raise BadInput("--check compares with the patch as it is: it takes no message")
+        if not check:
+            self.require_no_drift(patches)  # refresh ends by rewriting chain.lock: it must be sound first
         top = applied[-1]
         patch = next(p for p in patches if p.name == top.name)
         parent_tree = self.tree.git.tree_of(f"{top.commit}^")
@@ -371,11 +541,10 @@ class Chain:
         if live_tree == parent_tree:
             raise BadInput(f"refreshing {top.name} would leave it empty; delete it with unapply + rm instead")
         header = None
-        if message is not None:
-            subject, body = _split_message(message, top.name[5:-len(".patch")])
-            status = patch.header.trailer("Upstream-Status") or "Pending"
-            body = "\n\n".join(part for part in (body, f"Upstream-Status: {status}") if part)
-            header = replace(patch.header, subject=subject, body=body)
+        if new_message is not None:
+            subject, description, trailers = new_message
+            header = replace(patch.header, subject=subject,
+                             body=_message_body(description, patch.header.trailers(), trailers))
         data = patchfile.canonical(patch, self.tree.git, parent_tree, live_tree, header)
         changed = data != patch.data
         if check:
@@ -416,32 +585,64 @@ class Chain:
         return rebased
 
     def relock(self) -> ChainLock:
-        """Recompute chain.lock from a fresh baseline; every chain-changing command ends here."""
+        """Recompute chain.lock from a fresh baseline; every chain-changing command ends here.
+
+        pack_tree ids are computed by applying the chain on the pruned baseline it needs (the
+        pin's pack.prune folders less the files the chain touches), so they are the trees a
+        pruned vendored tree really reaches.
+        """
         self.tree.require()
         patches = self.patches()
         git = self.tree.git
-        steps = run_chain(git, self.tree.baseline_tree(), patches)
+        base = self.tree.baseline_tree()
+        steps = run_chain(git, base, patches)
         failed = next((s for s in steps if not s.ok), None)
         if failed is not None:
-            raise VerificationFailed(f"cannot lock: {failed.name} does not apply in lexical order: {failed.error}")
-        entries = []
-        for patch, step in zip(patches, steps):
-            assert step.tree
-            if self.pruned:
-                old = (self.lock() or ChainLock(self.pin.tree)).entry(patch.name)
-                if old is None:
-                    raise BadInput("cannot lock new patches on a pruned vendored tree; fetch the full tree")
-                entries.append(LockEntry(patch.name, patch.sha256, old.tree, step.tree))
-            else:
-                entries.append(LockEntry(patch.name, patch.sha256, step.tree,
-                                         prune_tree(git, step.tree, self.pin.pack_prune) if self.pin.pack_prune else None))
-        lock = ChainLock(base_tree=self.pin.tree, pack_base_tree=self.pin.pack_tree, patches=tuple(entries))
+            raise VerificationFailed(f"cannot lock: {failed.name} does not apply in lexical order: {failed.error}",
+                                     hint=find_misnumbered(git, base, patches, steps.index(failed)))
+        if self.pruned:
+            return self._relock_pruned(patches, steps)
+        pack_base, pack_trees = None, [None] * len(patches)
+        prune = self.pin.pack_prune
+        if prune:
+            whole = prune_tree(git, base, prune)
+            if self.pin.pack_tree and whole != self.pin.pack_tree:
+                raise VerificationFailed(f"the pin's pack.tree {self.pin.pack_tree} is not the baseline less "
+                                         f"{', '.join(prune)} ({whole})", hint="correct pack.tree in vendor/pin.yaml")
+            pack_base = prune_tree(git, base, prune, chain_paths(patches))
+            pack_steps = run_chain(git, pack_base, patches)
+            broken = next((s for s in pack_steps if not s.ok), None)
+            if broken is not None:  # pragma: no cover - the pruned baseline holds every file a patch touches
+                raise VerificationFailed(f"cannot lock: {broken.name} does not apply on the pruned baseline: {broken.error}")
+            pack_trees = [s.tree for s in pack_steps]
+        entries = tuple(LockEntry(patch.name, patch.sha256, step.tree, pack_tree)
+                        for patch, step, pack_tree in zip(patches, steps, pack_trees))
+        lock = ChainLock(base_tree=self.pin.tree, pack_base_tree=pack_base, patches=entries)
+        lock.write(self.project.chain_lock_file)
+        return lock
+
+    def _relock_pruned(self, patches: list[Patch], steps: list[StepResult]) -> ChainLock:
+        """On a pruned tree full tree ids cannot be computed: only the locked chain, unchanged, relocks."""
+        old = self.lock()
+        if old is None or [(e.name, e.sha256) for e in old.patches] != [(p.name, p.sha256) for p in patches]:
+            raise BadInput("cannot lock a changed chain on a pruned vendored tree: its full tree ids are unknown",
+                           hint="fetch the full tree (polyforge vendor fetch --force), then lock")
+        entries = tuple(LockEntry(e.name, e.sha256, e.tree, step.tree) for e, step in zip(old.patches, steps))
+        lock = ChainLock(base_tree=self.pin.tree, pack_base_tree=self.tree.baseline_tree(), patches=entries)
         lock.write(self.project.chain_lock_file)
         return lock
 
 
-def _split_message(message: str | None, slug: str) -> tuple[str, str]:
-    if not message:
-        return slug.replace("-", " "), ""
-    lines = message.strip().splitlines()
-    return lines[0].strip(), "\n".join(lines[1:]).strip("\n")
+def _split_message(message: str | None, slug: str) -> tuple[str, str, list[str]]:
+    """(subject, description, trailers) of a -m/-F message; without one, the slug is the subject."""
+    if message is None:
+        return slug.replace("-", " "), "", []
+    return patchfile.parse_message(message)
+
+
+def _message_body(description: str, *trailer_groups: list[str]) -> str:
+    """The description and the trailers merged, oldest group first; Upstream-Status defaults to Pending."""
+    trailers = patchfile.merge_trailers(*trailer_groups)
+    if not any(line.startswith("Upstream-Status: ") for line in trailers):
+        trailers.append("Upstream-Status: Pending")
+    return patchfile.compose_body(description, trailers)

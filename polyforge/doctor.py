@@ -3,6 +3,8 @@ with the fix."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import platform
 import shutil
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 from . import build as build_lib
 from . import cmake, proc
 from .errors import EnvironmentProblem
+from .gates import GATE_MODULES
 
 MIN_FREE_GIB = 10.0
 
@@ -44,6 +47,7 @@ def checks(disk_path: Path) -> list[Check]:
     py_ok = sys.version_info >= (3, 10)
     out.append(Check("python", py_ok, f"{platform.python_version()} ({sys.executable})",
                      None if py_ok else "use Python 3.10 or newer"))
+    out += [_gate_module(module, dist) for module, dist in GATE_MODULES.items()]
     out.append(_tool("cmake", cmake.find_cmake, "pip install cmake"))
     out.append(_tool("ninja", cmake.find_ninja, "pip install ninja"))
     for var, default, label in (("CXX", "c++", "c++ compiler"), ("CC", "cc", "c compiler")):
@@ -74,6 +78,19 @@ def checks(disk_path: Path) -> list[Check]:
     out.append(Check("disk", free >= MIN_FREE_GIB, f"{free:.1f} GiB free at {probe}",
                      None if free >= MIN_FREE_GIB else f"free at least {MIN_FREE_GIB:.0f} GiB (a CUDA build takes several)"))
     return out
+
+
+def _gate_module(module: str, dist: str) -> Check:
+    """A module the gate programs import, looked for in this interpreter (the one gates run)."""
+    name = f"python module {module}"
+    if importlib.util.find_spec(module) is None:
+        return Check(name, False, "not importable (the gates' programs import it)",
+                     f"pip install {dist} (a dependency of polyforge: reinstall it, pip install -e .)")
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:  # importable from a folder, not installed
+        version = "version unknown"
+    return Check(name, True, f"{dist} {version}")
 
 
 def _gpus() -> list[str]:

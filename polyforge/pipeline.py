@@ -60,8 +60,7 @@ def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None 
         raise BadInput(f"gate {name} needs a {gate.build.requires} build; build {manifest['key']} is not one")
     paths = {}
     for model in gate.models:
-        fetched = models_lib.fetch(model, find_links=find_links, scripts_dir=project.scripts_dir,
-                                   vendored_tree=chain.tree.path)
+        fetched = models_lib.fetch(model, find_links=find_links, vendored_tree=chain.tree.path)
         log(f"model {model}: {'cached' if fetched.cached else 'fetched'} {fetched.path}")
         paths[model] = fetched.path
     build_dir = Path(manifest["build_dir"])

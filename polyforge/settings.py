@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from .errors import BadInput
+from .textfile import read_text
 
 SOURCE_KINDS = ("pypi-sdist", "git", "archive", "dir")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -23,6 +24,13 @@ def _need(mapping: dict, key: str, where: str, kind: type = str) -> Any:
     value = mapping[key]
     if not isinstance(value, kind):
         raise BadInput(f"{where}: '{key}' must be a {kind.__name__}")
+    return value
+
+
+def _optional_str(mapping: dict, key: str, where: str, default: str | None = None) -> str | None:
+    value = mapping.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise BadInput(f"{where}: '{key}' must be a str, not {type(value).__name__}")
     return value
 
 
@@ -76,9 +84,11 @@ class Source:
         else:
             _need(raw, "location", where)
         return Source(
-            name=name, kind=kind, location=raw.get("location"), sha256=sha, subdir=raw.get("subdir"),
-            package=raw.get("package"), version=str(raw["version"]) if "version" in raw else None,
-            filename=raw.get("filename"), index=raw.get("index", "https://pypi.org/simple"),
+            name=name, kind=kind, location=_optional_str(raw, "location", where), sha256=sha,
+            subdir=_optional_str(raw, "subdir", where), package=_optional_str(raw, "package", where),
+            version=str(raw["version"]) if "version" in raw else None,
+            filename=_optional_str(raw, "filename", where),
+            index=_optional_str(raw, "index", where, "https://pypi.org/simple") or "https://pypi.org/simple",
         )
 
 
@@ -91,7 +101,7 @@ class Pin:
     commit: str
     tree: str
     pack_prune: tuple[str, ...]
-    pack_tree: str | None  # tree id of the baseline less `pack_prune`
+    pack_tree: str | None  # tree id of the baseline less `pack_prune`, all of it (a chain may keep files: chain.lock)
     sources: tuple[Source, ...] = field(default_factory=tuple)
 
     def source(self, name: str) -> Source:
@@ -104,11 +114,13 @@ class Pin:
     @staticmethod
     def load(path: Path) -> "Pin":
         try:
-            raw = yaml.safe_load(path.read_text())
+            raw = yaml.safe_load(read_text(path))
         except FileNotFoundError:
             raise BadInput(f"pin file missing: {path}") from None
         except yaml.YAMLError as exc:
             raise BadInput(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        except RecursionError:
+            raise BadInput(f"{path}: not valid YAML (nested too deeply)") from None
         where = str(path)
         if not isinstance(raw, dict):
             raise BadInput(f"{where}: must be a mapping")
@@ -130,7 +142,7 @@ class Pin:
         if not isinstance(prune, list) or not all(isinstance(p, str) and p and "/" not in p.strip("/") for p in prune):
             raise BadInput(f"{where}: 'pack.prune' must be a list of top-level folder names")
         return Pin(
-            project=upstream.get("project", "llama.cpp"),
+            project=_optional_str(upstream, "project", where, "llama.cpp") or "llama.cpp",
             release=str(_need(upstream, "release", where)),
             commit=_hex(_need(upstream, "commit", where), _HEX40, "commit", where),
             tree=_hex(_need(upstream, "tree", where), _HEX40, "tree", where),

@@ -1,7 +1,8 @@
 """`polyforge vendor`: materialise the pinned baseline, report on it, pack it for carrying.
 
 fetch: extract a source into a fresh folder beside vendor/llama.cpp, prove its tree id
-against the pin (the full tree, or the pruned pack tree), make it the vendored
+against the pin (the full tree) or chain.lock (the pruned baseline the chain needs, which
+keeps the files the chain touches inside the pin's pack.prune folders), make it the vendored
 repository, and only then swap it in. An existing tree with live edits is never
 overwritten: --force moves it into vendor/backups/ and says where.
 """
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .chain import Chain, prune_tree, run_chain
+from .chain import Chain, chain_paths, prune_tree, run_chain
 from .errors import BadInput, EnvironmentProblem, PolyforgeError, VerificationFailed
 from .filelock import FileLock
 from .hashing import sha256_file
@@ -55,10 +56,11 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
             candidates = [pin.source(source)]
         except BadInput:
             candidates = [adhoc_source(Path(source).expanduser().resolve())]
+    pack_base = chain.pack_base()
     if tree.exists() and not force:
         base = tree.baseline_tree()
-        if base in (pin.tree, pin.pack_tree):
-            return FetchResult("existing", str(tree.path), base, base == pin.pack_tree and base != pin.tree,
+        if base in (pin.tree, pack_base):
+            return FetchResult("existing", str(tree.path), base, base != pin.tree,
                                time.monotonic() - started, [], already=True)
         raise VerificationFailed(f"the vendored baseline {base} is not the pin's {pin.tree}",
                                  hint="polyforge vendor fetch --force re-vendors (live edits are backed up)")
@@ -76,15 +78,20 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
             fresh = VendoredTree.initialise(incoming)
             got = fresh.snapshot()
             message = f"llama.cpp {pin.release} ({pin.commit[:12]}) from {candidate.name}"
-            if got in (pin.tree, pin.pack_tree):
+            if got in (pin.tree, pack_base):
                 pruned = got != pin.tree
                 fresh.commit_baseline(message)
+            elif got == pin.pack_tree:
+                raise VerificationFailed(
+                    f"source '{candidate.name}' is the baseline with {', '.join(pin.pack_prune)} pruned whole ({got}): "
+                    f"a pack made for another chain; this chain edits files there and needs {pack_base}",
+                    hint="pack the tree in a project with this chain (polyforge vendor pack), or use --full")
             else:
                 pruned = _adopt_patched(chain, fresh, got, message)
                 if pruned is None:
                     raise VerificationFailed(
                         f"source '{candidate.name}' yields tree {got}, the pin says {pin.tree}"
-                        + (f" (or {pin.pack_tree} pruned)" if pin.pack_tree else ""))
+                        + (f" (or {pack_base} pruned)" if pack_base else ""))
             fresh.write_state(source=candidate.name, detail=detail, pruned=pruned)
             if not pruned:
                 _store_baseline_cache(fresh, got)
@@ -111,7 +118,7 @@ def _adopt_patched(chain: Chain, fresh: VendoredTree, got: str, message: str) ->
     lock = chain.lock()
     if lock is None:
         return None
-    for pruned, base in ((False, chain.pin.tree), (True, chain.pin.pack_tree)):
+    for pruned, base in ((False, chain.pin.tree), (True, lock.pack_base_tree)):
         trees = [e.pack_tree if pruned else e.tree for e in lock.patches]
         if got not in trees:
             continue
@@ -223,12 +230,39 @@ def status(chain: Chain) -> dict:
     return info
 
 
+def _expected_pack_tree(chain: Chain, patches: list, patched: bool) -> str | None:
+    """The pruned tree chain.lock records for the baseline, or for the applied prefix."""
+    if not patched:
+        return chain.pack_base()
+    chain.require_no_drift(patches)
+    applied = chain.applied_prefix(patches)
+    lock = chain.lock()
+    if lock is None or not applied:
+        return chain.pack_base()
+    return lock.patches[len(applied) - 1].pack_tree
+
+
+def _check_output(out: Path) -> None:
+    """Refuse an output path whose folder is missing or not a folder, as tar does: never create it."""
+    if out.is_dir():
+        raise BadInput(f"cannot write {out}: it is a folder")
+    parent = out.parent
+    if parent.is_dir():
+        return
+    first = next(p for p in (parent, *parent.parents) if os.path.lexists(p))  # "/" always exists
+    if not first.is_dir():
+        raise BadInput(f"cannot write {out}: a parent is not a folder ({first})")
+    raise BadInput(f"cannot write {out}: its folder {parent} does not exist",
+                   hint="create the folder first; pack does not create folders")
+
+
 def pack(chain: Chain, out: Path, patched: bool = False, prune: bool = True) -> dict:
     """Write a tar.xz of the baseline (or the live tree with --patched), pruned by default."""
     tree = chain.tree
     tree.require()
     if out.suffixes[-2:] != [".tar", ".xz"]:
         raise BadInput(f"{out}: the pack must be a .tar.xz file")
+    _check_output(out)
     git = tree.git
     if patched:
         chain.require_clean("pack --patched")
@@ -236,16 +270,27 @@ def pack(chain: Chain, out: Path, patched: bool = False, prune: bool = True) -> 
     else:
         source_tree = tree.baseline_tree()
     prune_list = chain.pin.pack_prune if prune else ()
-    packed_tree = prune_tree(git, source_tree, prune_list) if prune_list else source_tree
-    if prune and not patched and chain.pin.pack_tree and packed_tree != chain.pin.pack_tree:
-        raise VerificationFailed(f"pruned baseline {packed_tree} is not the pin's pack.tree {chain.pin.pack_tree}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    packed_tree = source_tree
+    if prune_list:
+        # keep every file the chain touches, so the chain applies on the unpacked tree
+        patches = chain.patches()
+        packed_tree = prune_tree(git, source_tree, prune_list, chain_paths(patches))
+        expected = _expected_pack_tree(chain, patches, patched)
+        if expected is not None and packed_tree != expected:
+            raise VerificationFailed(f"the pruned tree {packed_tree} is not chain.lock's {expected}",
+                                     hint="if the chain changed on purpose, run: polyforge lock")
     # archive a commit (fixed dates) rather than a tree, so every file gets the same mtime
     # and the same inputs give the same bytes
     commit = git.commit_tree(packed_tree, f"polyforge pack of {packed_tree}")
     data = git.run_bytes("archive", "--format=tar", "--prefix=llama.cpp/", commit)
     partial = out.with_name(out.name + ".part")
-    partial.write_bytes(lzma.compress(data, preset=6))
-    partial.replace(out)
+    try:
+        partial.write_bytes(lzma.compress(data, preset=6))
+        partial.replace(out)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        if isinstance(exc, (NotADirectoryError, IsADirectoryError, FileNotFoundError)):
+            _check_output(out)  # the folder changed under us: say how, as the up-front check does
+        raise EnvironmentProblem(f"cannot write {out}: {exc.strerror or exc}") from None
     return {"path": str(out), "tree": packed_tree, "pruned": list(prune_list), "patched": patched,
             "sha256": sha256_file(out), "bytes": out.stat().st_size}

@@ -5,7 +5,8 @@ indexes over the vendored repository's objects), never touching the live tree.
   b. forward: the whole chain on a fresh baseline reproduces the live tree byte for byte;
   c. reverse: every patch reverse-applies clean from live, in reverse order, reaching the
      baseline byte for byte;
-  d. each step's tree id equals chain.lock's;
+  d. each step's tree id equals chain.lock's; on a full tree, so do the pruned baseline and
+     the trees the chain reaches on it (what a pruned pack's proof relies on);
   e. every patch is in canonical form (as `refresh --check`);
   f. when lexical order fails but another order applies, the patch to renumber is named.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
 from . import patchfile
-from .chain import Chain, apply_in_index, find_misnumbered
+from .chain import Chain, apply_in_index, chain_paths, find_misnumbered, prune_tree, run_chain
 from .git import Git, scratch_index
 from .patchfile import Patch
 from .vendored import EXCLUDED_PATHS
@@ -107,7 +108,7 @@ def verify(chain: Chain) -> Proof:
                 problems.append(f"{patch.name}: prefix {i + 1} does not apply")
                 hint = find_misnumbered(git, base, patches, i)
                 if hint:
-                    problems.append(f"misnumbered: {hint}")
+                    problems.append(hint if hint.startswith("no order") else f"misnumbered: {hint}")
                 break
             proof.forward, proof.tree = True, step.tree
             trees.append(step.tree)
@@ -118,6 +119,8 @@ def verify(chain: Chain) -> Proof:
             proof.canonical = patchfile.canonical(patch, git, trees[-2], step.tree) == patch.data
             if not proof.canonical:
                 proof.problems.append("not canonical: polyforge refresh would rewrite it")
+    if all(p.forward for p in proofs) and lock is not None and not chain.pruned and chain.pin.pack_prune:
+        problems.extend(_check_pack_trees(chain, git, base, patches, proofs))
     first_divergent = next((p.name for p in proofs if p.forward and not p.lock), None)
     if first_divergent:
         problems.append(f"chain.lock: first divergent patch is {first_divergent}")
@@ -140,6 +143,25 @@ def verify(chain: Chain) -> Proof:
     if not forward.identical and all_forward:
         problems.append("the chain on a fresh baseline does not reproduce the live tree")
     return Proof(base, live, proofs, forward, reverse, problems, time.monotonic() - started)
+
+
+def _check_pack_trees(chain: Chain, git: Git, base: str, patches: list[Patch], proofs: list[PatchProof]) -> list[str]:
+    """chain.lock's pruned ids against the trees applying on the pruned baseline really reaches."""
+    lock = chain.lock()
+    assert lock is not None
+    problems = []
+    pack_base = prune_tree(git, base, chain.pin.pack_prune, chain_paths(patches))
+    if lock.pack_base_tree != pack_base:
+        problems.append(f"lock: pack_base_tree {lock.pack_base_tree} is not the pruned baseline this chain needs ({pack_base})")
+    steps = run_chain(git, pack_base, patches)
+    for patch, proof, step in zip(patches, proofs, steps):
+        entry = lock.entry(patch.name)
+        claimed = entry.pack_tree if entry else None
+        if step.ok and claimed != step.tree:
+            proof.lock = False
+            proof.problems.append(f"pack_tree {claimed} differs from the pruned tree {step.tree}")
+            problems.append(f"{patch.name}: chain.lock's pack_tree {claimed} is not the tree applying on the pruned baseline reaches ({step.tree})")
+    return problems
 
 
 def junit(proof: Proof) -> str:

@@ -43,7 +43,9 @@ class Upstream:
     pack_tree: str
 
 
-def make_upstream(base: Path, files: dict[str, str] | None = None, name: str = "upstream") -> Upstream:
+def make_upstream(base: Path, files: dict[str, str] | None = None, name: str = "upstream",
+                  links: dict[str, str] | None = None) -> Upstream:
+    """A synthetic upstream tree; `links` adds symlinks (path -> target) to it."""
     folder = base / name
     for rel, text in (files or UPSTREAM_FILES).items():
         target = folder / rel
@@ -53,6 +55,8 @@ def make_upstream(base: Path, files: dict[str, str] | None = None, name: str = "
     tool = folder / "scripts" / "tool.sh"
     tool.write_text("#!/bin/sh\necho tool\n")
     tool.chmod(0o755)
+    for rel, target in (links or {}).items():
+        (folder / rel).symlink_to(target)
     tree = git_tree_id(folder)
     pruned = base / f"{name}-pruned"
     subprocess.run(["cp", "-a", str(folder), str(pruned)], check=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -87,6 +88,31 @@ def test_plan_is_offline_and_shared(tiny):
     for flag in ("-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DBUILD_SHARED_LIBS=ON",
                  "-DFETCHCONTENT_FULLY_DISCONNECTED=ON", "-DGGML_CUDA=OFF"):
         assert flag in args
+
+
+def test_x86_builds_leave_out_amx(tiny, monkeypatch):
+    assert build_lib.cpu_compile_flags({}, "x86_64") == "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    assert build_lib.cpu_compile_flags({}, "aarch64") == ""
+    assert build_lib.cpu_compile_flags({"CMAKE_CXX_FLAGS": "-O1"}, "x86_64") == ""  # the user's flags win
+    monkeypatch.setattr(build_lib, "cpu_compile_flags", lambda defines: "-mno-amx-int8")
+    plan = _plan(tiny)
+    assert "-DCMAKE_CXX_FLAGS=-mno-amx-int8" in plan.cache_args and "-DCMAKE_C_FLAGS=-mno-amx-int8" in plan.cache_args
+    assert plan.inputs["options"]["cpu_flags"] == "-mno-amx-int8"
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 compiler flags")
+def test_amx_flags_beat_an_amx_march():
+    """ggml compiles its AMX kernels when __AMX_INT8__ is defined; -march=native on an AMX host
+    defines it, and our flags must undo that whatever their order."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    assert cxx, "a C++ compiler is needed for the build tests"
+    def macros(*flags):
+        return subprocess.run([cxx, *flags, "-dM", "-E", "-x", "c++", "/dev/null"], capture_output=True,
+                              text=True, check=True).stdout
+    assert "__AMX_INT8__" in macros("-march=sapphirerapids")
+    flags = build_lib.cpu_compile_flags({}, "x86_64").split()
+    assert "__AMX_INT8__" not in macros(*flags, "-march=sapphirerapids")
+    assert "__AMX_TILE__" not in macros("-march=sapphirerapids", *flags)
 
 
 # -- CUDA planning -------------------------------------------------------------------------

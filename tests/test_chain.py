@@ -126,6 +126,27 @@ def test_capture_without_edits_and_bad_names(fetched: Proj):
         fetched.chain().capture("first")
 
 
+def test_patches_that_is_a_file_is_bad_input_everywhere(fetched: Proj):
+    """patches/ a regular file: every command that reads the chain says so in one BadInput line
+    (not a NotADirectoryError from reading patches/chain.lock), and nothing is written."""
+    import shutil
+    from polyforge.chain import discover
+    from polyforge.cli.chain import status_info
+    fetched.write("src/llama.cpp", fetched.read("src/llama.cpp") + "// an edit to capture\n")
+    shutil.rmtree(fetched.patches)
+    fetched.patches.write_text("not a folder\n")
+    head = fetched.chain().tree.head()
+    chain = fetched.chain()
+    with pytest.raises(BadInput, match="patches: is not a folder"):
+        discover(chain.project)
+    for command in (chain.patches, chain.apply, chain.relock, lambda: status_info(chain),
+                    lambda: chain.capture("0005-x"), chain.refresh, lambda: chain.unapply()):
+        with pytest.raises(BadInput, match="patches: is not a folder"):
+            command()
+    assert fetched.patches.read_text() == "not a folder\n"
+    assert chain.tree.head() == head
+
+
 def test_capture_refuses_binary_files(fetched: Proj):
     (fetched.tree / "blob.bin").write_bytes(b"\x00\x01\x02" * 10)
     with pytest.raises(BadInput, match="binary"):
@@ -275,3 +296,191 @@ def test_lock_rewrites_after_intended_change(fetched: Proj):
         chain.apply()
     chain.relock()
     assert [r["status"] for r in chain.apply()] == ["applied"] * 3
+
+
+# -- issue 14: applied patches the chain no longer has, or has changed or reordered ---------
+def test_status_and_unapply_with_an_applied_patch_deleted_from_patches(fetched: Proj):
+    from polyforge.cli.chain import status_info
+    _three(fetched)
+    (fetched.patches / "0003-third.patch").unlink()
+    fetched.chain().relock()  # as after switching to a branch whose chain lacks 0003
+    info = status_info(fetched.chain())
+    assert info["applied"] == ["0001-first.patch", "0002-second.patch", "0003-third.patch"]
+    assert info["applied_missing"] == ["0003-third.patch"]
+    assert any("0003-third.patch" in m and "not in patches/" in m for m in info["chain_mismatch"])
+    assert info["ok"] is False
+    report = fetched.chain().unapply()
+    assert report[0]["name"] == "0003-third.patch" and "recorded" in report[0]["status"]
+    chain = fetched.chain()
+    assert chain.tree.snapshot() == fetched.upstream.tree and chain.tree.applied() == []
+    assert [r["status"] for r in chain.apply()] == ["applied", "applied"]
+    assert status_info(fetched.chain())["ok"] is True
+
+
+def test_status_and_unapply_after_a_renumbering(fetched: Proj):
+    from polyforge.cli.chain import status_info
+    _three(fetched)
+    (fetched.patches / "0001-first.patch").rename(fetched.patches / "0004-first.patch")
+    fetched.chain().relock()
+    info = status_info(fetched.chain())
+    assert info["ok"] is False and info["applied_missing"] == ["0001-first.patch"]
+    text = " ".join(info["chain_mismatch"])
+    assert "renamed to 0004-first.patch" in text
+    assert "0002-second.patch is applied as patch 2 but is patch 1 of the chain" in text
+    fetched.chain().unapply()
+    chain = fetched.chain()
+    assert chain.tree.snapshot() == fetched.upstream.tree
+    assert [r["name"] for r in chain.apply()] == ["0002-second.patch", "0003-third.patch", "0004-first.patch"]
+
+
+def test_unapply_when_a_new_patch_sorts_below_the_applied_ones(fetched: Proj):
+    from polyforge.cli.chain import status_info
+    _three(fetched)
+    chain = fetched.chain()
+    chain.unapply()
+    fetched.write("src/llama.h", "zero\n")
+    chain.capture("0000-zero")
+    data = (fetched.patches / "0000-zero.patch").read_bytes()
+    chain.unapply()
+    (fetched.patches / "0000-zero.patch").unlink()
+    chain.relock()
+    chain.apply()
+    (fetched.patches / "0000-zero.patch").write_bytes(data)  # e.g. pulled from upstream of the project
+    chain.relock()
+    info = status_info(fetched.chain())
+    assert info["ok"] is False and info["applied_missing"] == []
+    assert "0001-first.patch is applied as patch 1 but is patch 2 of the chain" in " ".join(info["chain_mismatch"])
+    assert [r["status"] for r in fetched.chain().unapply()] == ["unapplied"] * 3
+    assert [r["status"] for r in fetched.chain().apply()] == ["applied"] * 4
+
+
+def test_unapply_of_a_changed_patch_restores_the_recorded_tree_and_says_so(fetched: Proj):
+    from polyforge.cli.chain import status_info
+    _three(fetched)
+    path = fetched.patches / "0002-second.patch"
+    path.write_text(path.read_text().replace("Upstream-Status: Pending", "Upstream-Status: Submitted"))
+    fetched.chain().relock()
+    info = status_info(fetched.chain())
+    assert info["applied_changed"] == ["0002-second.patch"] and info["ok"] is False
+    assert any("0002-second.patch changed since it was applied" in m for m in info["chain_mismatch"])
+    report = fetched.chain().unapply()
+    assert "changed" in report[1]["status"] and report[1]["name"] == "0002-second.patch"
+    assert fetched.chain().tree.snapshot() == fetched.upstream.tree
+    assert [r["status"] for r in fetched.chain().apply()] == ["applied"] * 3
+
+
+# -- hostile input (issue 14): trailers, and what reaches git --------------------------------------
+def test_capture_keeps_the_message_trailers_with_one_upstream_status(fetched: Proj):
+    message = "first: subject\n\nWhy.\n\nSigned-off-by: A <a@x>\nUpstream-Status: Submitted [https://x/1]"
+    capture(fetched, "0001-first", {"src/llama.h": "v1\n"}, message)
+    header = patchfile.read(fetched.patches / "0001-first.patch").header
+    assert header.body == "Why.\n\nSigned-off-by: A <a@x>\nUpstream-Status: Submitted [https://x/1]"
+    fetched.write("src/llama.cpp", "v2\n")
+    fetched.chain().capture("0002-second", message, upstream_status="Backport")
+    header = patchfile.read(fetched.patches / "0002-second.patch").header
+    assert header.body == "Why.\n\nSigned-off-by: A <a@x>\nUpstream-Status: Backport", "the explicit status wins, in place"
+
+
+def test_refresh_with_a_message_keeps_the_old_trailers(fetched: Proj):
+    capture(fetched, "0001-first", {"src/llama.h": "v1\n"}, "first\n\nWhy.\n\nSigned-off-by: A <a@x>")
+    chain = fetched.chain()
+    chain.refresh(message="first: reworded\n\nNew words.")
+    header = patchfile.read(fetched.patches / "0001-first.patch").header
+    assert header.body == "New words.\n\nSigned-off-by: A <a@x>\nUpstream-Status: Pending"
+    chain.refresh(message="first: again\n\nNew words.\n\nSigned-off-by: A <a@x>\nUpstream-Status: Submitted")
+    header = patchfile.read(fetched.patches / "0001-first.patch").header
+    assert header.body == "New words.\n\nSigned-off-by: A <a@x>\nUpstream-Status: Submitted"
+    assert chain.refresh(check=True)["changed"] is False
+
+
+def test_duplicate_upstream_status_is_not_canonical_and_refresh_collapses_it(fetched: Proj):
+    from polyforge.verify import verify
+    capture(fetched, "0001-first", {"src/llama.h": "v1\n"}, "first\n\nWhy.")
+    path = fetched.patches / "0001-first.patch"
+    path.write_text(path.read_text().replace("Upstream-Status: Pending\n", "Upstream-Status: Pending\n\nUpstream-Status: Pending\n"))
+    chain = fetched.chain()
+    chain.relock()
+    with pytest.raises(VerificationFailed, match="not what refresh would write"):
+        chain.refresh(check=True)
+    proof = verify(fetched.chain())
+    assert [p.canonical for p in proof.patches] == [False] and not proof.ok
+    assert chain.refresh()["changed"] is True
+    assert path.read_text().count("Upstream-Status") == 1
+    assert verify(fetched.chain()).ok
+
+
+def test_only_the_diff_section_reaches_git(fetched: Proj):
+    from polyforge.chain import apply_in_index
+    from polyforge.git import scratch_index
+    capture(fetched, "0001-first", {"src/llama.h": "v1\n"})
+    chain = fetched.chain()
+    patch = chain.patches()[0]
+    expected = chain.lock().entry(patch.name).tree
+    # a description that git would apply too; the parser refuses it, this proves git never sees it either
+    hostile = "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-# tiny upstream\n+# owned\n---\n"
+    patch.path.write_bytes(patch.data.replace(b"\n---\n", b"\n" + hostile.encode(), 1))
+    with scratch_index(chain.tree.git, fetched.upstream.tree) as index:
+        step = apply_in_index(index, patch)
+    assert step.ok and step.tree == expected
+
+
+def test_refresh_refuses_an_unsound_chain_lock_before_writing(fetched: Proj):
+    capture(fetched, "0001-first", {"src/llama.h": "v1\n"})
+    fetched.write("src/llama.h", "v2\n")
+    lock_file = fetched.patches / "chain.lock"
+    for text in ("{", lock_file.read_text().replace(fetched.upstream.tree, "0" * 40)):
+        lock_file.write_text(text)
+        before = {p.name: p.read_bytes() for p in fetched.patches.iterdir()}
+        head = fetched.chain().tree.head()
+        with pytest.raises((BadInput, VerificationFailed)):
+            fetched.chain().refresh()
+        assert {p.name: p.read_bytes() for p in fetched.patches.iterdir()} == before
+        assert fetched.chain().tree.head() == head
+
+
+THROUGH_LINK = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: hostile <hostile@localhost>
+Date: Sun, 29 Nov 2026 00:00:00 +0000
+Subject: [PATCH] write through a symlinked folder
+
+Upstream-Status: Pending
+---
+diff --git a/{path} b/{path}
+new file mode 100644
+index 0000000000000000000000000000000000000000..3bfe2ec8400e8422a85b2aba1cd83389a3de172c
+--- /dev/null
++++ b/{path}
+@@ -0,0 +1 @@
++int new_fn(void) {{ return 1; }}
+"""
+
+
+def test_a_patch_through_a_baseline_symlink_is_unsafe_before_it_is_drift(tmp_path, cache, monkeypatch):
+    """`linked -> src` in the baseline: a patch writing linked/x.c is refused as unsafe (exit 2) by
+    every command that reads the chain, not reported as chain.lock drift (exit 1) first."""
+    from conftest import git_tree_id
+    from conftest import Upstream
+    from polyforge.cli.chain import status_info
+    up = make_upstream(tmp_path)
+    pruned = tmp_path / "upstream-pruned"
+    for folder in (up.path, pruned):
+        (folder / "linked").symlink_to("src")
+        (folder / "outside").symlink_to("../..")
+    up = Upstream(up.path, git_tree_id(up.path), git_tree_id(pruned))
+    root = tmp_path / "project"
+    write_pin(root, up)
+    (root / "patches").mkdir()
+    monkeypatch.chdir(root)
+    p = Proj(root, up)
+    vendor.fetch(p.chain())
+    p.chain().relock()
+    capture(p, "0001-ok", {"linkedfoo.c": "a file whose name only starts like the link\n"})
+    head = p.chain().tree.head()
+    for path in ("linked/through.c", "outside/pwned.c", "linked"):
+        (p.patches / "0002-through.patch").write_text(THROUGH_LINK.format(path=path))
+        chain = p.chain()
+        for command in (chain.patches, chain.apply, chain.relock, lambda: status_info(chain),
+                        lambda: chain.capture("0003-more"), chain.refresh):
+            with pytest.raises(BadInput, match=f"{path} goes through the symlink {path.split('/')[0]}"):
+                command()
+        assert chain.tree.head() == head

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -182,3 +181,135 @@ def test_help_lists_the_commands(tmp_path):
     assert done.returncode == 0
     for command in ("vendor", "apply", "unapply", "status", "capture", "refresh", "lock", "verify-patches"):
         assert command in done.stdout
+
+
+def test_status_and_unapply_cli_with_an_applied_patch_gone(chained: Proj):
+    assert run_cli("apply", cwd=chained.root).returncode == 0
+    (chained.patches / "0002-b.patch").unlink()
+    assert run_cli("lock", cwd=chained.root).returncode == 0
+    done = run_cli("status", cwd=chained.root)
+    assert done.returncode == 1 and "0002-b.patch" in done.stderr and "not in patches/" in done.stderr, done.stderr
+    done = run_cli("unapply", cwd=chained.root)
+    assert done.returncode == 0, done.stderr
+    assert "0002-b.patch" in done.stderr and "recorded" in done.stderr
+    assert run_cli("apply", cwd=chained.root).returncode == 0
+    assert run_cli("verify-patches", cwd=chained.root).returncode == 0
+    assert run_cli("status", cwd=chained.root).returncode == 0
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("{", "not valid JSON"),
+    ('{"version": 1, "base_tree": 5, "patches": []}', "base_tree"),
+    ('{"version": 1, "base_tree": "%s", "patches": [{"name": 1, "sha256": "x", "tree": "y"}]}' % ("a" * 40), "name"),
+])
+def test_malformed_chain_lock_is_one_line_exit_2(chained: Proj, text: str, fragment: str):
+    (chained.patches / "chain.lock").write_text(text)
+    for command in ("status", "verify-patches", "apply"):
+        assert_clean_error(run_cli(command, cwd=chained.root), 2, fragment)
+
+
+@pytest.mark.parametrize("old, new, fragment", [
+    ("project: llama.cpp", "project: [1]", "'project'"),
+    ("kind: dir", "kind: dir\n  subdir: 5", "'subdir'"),
+])
+def test_pin_with_a_wrong_type_is_one_line_exit_2(chained: Proj, old: str, new: str, fragment: str):
+    pin = chained.root / "vendor" / "pin.yaml"
+    pin.write_text(pin.read_text().replace(old, new))
+    for command in ("status", "vendor status", "verify-patches"):
+        assert_clean_error(run_cli(*command.split(), cwd=chained.root), 2, fragment)
+
+
+# -- hostile input (issue 14) -------------------------------------------------------------------
+def _written_state(proj: Proj) -> tuple:
+    """Everything a refused command must leave as it was: patch files, chain.lock, the vendored repo."""
+    chain = proj.chain()
+    files = {p.name: p.read_bytes() for p in sorted(proj.patches.iterdir())}
+    return files, chain.tree.head(), chain.tree.snapshot()
+
+
+@pytest.fixture
+def edited(fetched: Proj) -> Proj:
+    capture(fetched, "0001-a", {"src/llama.h": "#pragma once\nint f0(void);\nint f1(void);\n"})
+    fetched.write("README.md", "edited\n")
+    return fetched
+
+
+@pytest.mark.parametrize("quoted", [
+    "diff --git a/src/x.c b/src/x.c",
+    "--- a/src/x.c\n+++ b/src/x.c",
+    "@@ -1,3 +1,3 @@",
+    "GIT binary patch",
+    "---",
+])
+def test_capture_refuses_a_message_git_would_read_as_a_diff(edited: Proj, quoted: str):
+    before = _written_state(edited)
+    done = run_cli("capture", "0002-b", "-m", f"b: subject\n\nAs in:\n{quoted}\nthe end.", cwd=edited.root)
+    assert_clean_error(done, 2, "git would read")
+    assert _written_state(edited) == before
+    assert_clean_error(run_cli("refresh", "-m", f"a: subject\n\n{quoted}", cwd=edited.root), 2, "git would read")
+    assert _written_state(edited) == before
+
+
+def _hostile_patch(chained: Proj, transform) -> None:
+    path = chained.patches / "0002-b.patch"
+    path.write_text(transform(path.read_text()))
+
+
+_NEW_FILE = ("diff --git a/{p} b/{p}\nnew file mode {mode}\nindex 0000000000000000000000000000000000000000..{blob}\n"
+             "--- /dev/null\n+++ b/{p}\n@@ -0,0 +1 @@\n+{line}\n")
+
+
+@pytest.mark.parametrize("transform, fragment", [
+    (lambda t: t.replace("\n---\n", "\n--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-# tiny upstream\n+# owned\n---\n", 1),
+     "git would read"),
+    (lambda t: t + _NEW_FILE.format(p="build/evil.c", mode="100644", blob="1" * 40, line="x"), "excluded from the tree"),
+    (lambda t: t + _NEW_FILE.format(p="src/__pycache__/m.pyc", mode="100644", blob="1" * 40, line="x"), "excluded from the tree"),
+    (lambda t: t + _NEW_FILE.format(p="sub", mode="160000", blob="1" * 40, line="Subproject commit " + "1" * 40), "gitlink"),
+    (lambda t: t.replace("index ", "old mode 100644\nnew mode 104755\nindex ", 1).replace(" 100644\n--- a/", "\n--- a/", 1), "mode 104755"),
+    (lambda t: t + _NEW_FILE.format(p="src/open.c", mode="100666", blob="1" * 40, line="x"), "mode 100666"),
+    (lambda t: t.replace("a/src/llama.cpp", '"a/src/\\377x"').replace("b/src/llama.cpp", '"b/src/\\377x"'), "not UTF-8"),
+])
+def test_hostile_patch_files_are_refused_before_anything_moves(chained: Proj, transform, fragment):
+    _hostile_patch(chained, transform)
+    before = _written_state(chained)
+    for command in ("lock", "apply", "status", "verify-patches"):
+        assert_clean_error(run_cli(command, cwd=chained.root), 2, fragment)
+    assert _written_state(chained) == before
+
+
+def test_bad_message_arguments_are_one_line_exit_2(edited: Proj, tmp_path: Path):
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9: subject\n".encode("latin-1"))
+    before = _written_state(edited)
+    for args, fragment in [
+        (("-F", str(tmp_path / "missing.txt")), "missing.txt"),
+        (("-F", str(tmp_path)), "is a folder"),
+        (("-F", str(latin1)), "not UTF-8"),
+        (("-m", "   "), "empty"),
+        (("-m", "subject\n\nbody \x1b[31m red"), "control character"),
+    ]:
+        assert_clean_error(run_cli("capture", "0002-b", *args, cwd=edited.root), 2, fragment)
+        assert_clean_error(run_cli("refresh", *args, cwd=edited.root), 2, fragment)
+    for status, fragment in [("", "--upstream-status"), ("Whatever", "--upstream-status"), ("Pending\nSigned-off-by: x", "--upstream-status")]:
+        assert_clean_error(run_cli("capture", "0002-b", "--upstream-status", status, cwd=edited.root), 2, fragment)
+    assert_clean_error(run_cli("capture", "0002-b", "--author", "x\nSubject: evil", cwd=edited.root), 2, "--author")
+    assert _written_state(edited) == before
+
+
+def test_junit_into_a_missing_folder_is_one_line_exit_2(chained: Proj, tmp_path: Path):
+    assert run_cli("apply", cwd=chained.root).returncode == 0
+    for target in (tmp_path / "missing" / "report.xml", tmp_path):
+        assert_clean_error(run_cli("verify-patches", "--junit", str(target), cwd=chained.root), 2, "--junit")
+    done = run_cli("verify-patches", "--junit", str(tmp_path / "report.xml"), cwd=chained.root)
+    assert done.returncode == 0 and "<testsuite" in (tmp_path / "report.xml").read_text()
+
+
+def test_message_and_message_file_together_are_refused(edited: Proj, tmp_path: Path):
+    (tmp_path / "msg.txt").write_text("b: subject\n")
+    before = _written_state(edited)
+    done = run_cli("capture", "0002-b", "-m", "b: other", "-F", str(tmp_path / "msg.txt"), cwd=edited.root)
+    assert_clean_error(done, 2, "not both")
+    assert _written_state(edited) == before
+    done = run_cli("capture", "0002-b", "-F", str(tmp_path / "msg.txt"), "--json", cwd=edited.root)
+    assert done.returncode == 0, done.stderr
+    assert "Subject: [PATCH] b: subject\n" in (edited.patches / "0002-b.patch").read_text()

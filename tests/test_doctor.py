@@ -7,6 +7,7 @@ import os
 
 from conftest import run_cli
 from polyforge import doctor
+from polyforge.gates import GATE_MODULES
 
 
 def _by_name(checks):
@@ -15,7 +16,8 @@ def _by_name(checks):
 
 def test_checks_on_this_machine(tmp_path):
     checks = _by_name(doctor.checks(tmp_path))
-    assert set(checks) == {"python", "cmake", "ninja", "c++ compiler", "c compiler", "nvcc", "cublas", "gpu", "ccache", "disk"}
+    assert set(checks) == {"python", "cmake", "ninja", "c++ compiler", "c compiler", "nvcc", "cublas", "gpu", "ccache",
+                           "disk"} | {f"python module {m}" for m in GATE_MODULES}
     assert checks["python"].ok and checks["cmake"].ok and checks["ninja"].ok
     assert "cmake version" in checks["cmake"].detail
     assert "GiB free" in checks["disk"].detail
@@ -43,3 +45,18 @@ def test_doctor_cli(tmp_path):
     assert report["ok"] is required_ok and done.returncode == (0 if required_ok else 3)
     done = run_cli("doctor", "--json", cwd=tmp_path, env={"CXX": "no-such-c++", "PATH": os.environ["PATH"]})
     assert done.returncode == 3 and json.loads(done.stdout)["ok"] is False
+
+
+def test_every_module_the_gates_import_is_checked(tmp_path, monkeypatch):
+    checks = _by_name(doctor.checks(tmp_path))
+    assert GATE_MODULES and all(checks[f"python module {m}"].ok for m in GATE_MODULES)
+    assert all(checks[f"python module {m}"].required for m in GATE_MODULES)  # `polyforge up` runs the gates
+    monkeypatch.setitem(GATE_MODULES, "no_such_module_for_doctor", "no-such-dist")
+    missing = _by_name(doctor.checks(tmp_path))["python module no_such_module_for_doctor"]
+    assert not missing.ok and missing.required and "pip install no-such-dist" in missing.fix
+
+
+def test_doctor_cli_lists_the_gate_modules(tmp_path):
+    done = run_cli("doctor", cwd=tmp_path)
+    for module in GATE_MODULES:
+        assert f"python module {module}" in done.stderr

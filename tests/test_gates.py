@@ -3,9 +3,11 @@ and (slow) the real gates on the real CPU build."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
-import textwrap
+import re
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,8 @@ from conftest import ROOT, assert_clean_error, run_cli
 from polyforge import models as models_lib
 from polyforge import pipeline
 from polyforge.errors import BadInput
-from polyforge.gates import backend_ops, command, perplexity_kld, runner, server
+from polyforge.gates import GATE_MODULES, VENDORED_MODULES, backend_ops, command, perplexity_kld, runner, server
+from polyforge.gates._common import TAIL_LINES, TAIL_WIDTH
 
 # -- schema ----------------------------------------------------------------------------------
 GOOD = {"name": "g", "kind": "command", "params": {"argv": ["true"]}, "thresholds": ["exit_code == 0"]}
@@ -310,6 +313,21 @@ def test_perplexity_kld_gate(gate_env):
     assert not (build_dir / "gates" / "kld" / "base.kld").exists()  # large logits are removed
 
 
+def test_verdict_renders_configuration_names_literally(gate_env):
+    """`[q4_0/q4_0].kld_mean` in a threshold is data, not rich markup: the terminal shows it whole."""
+    proj, _ = gate_env
+    script = write_script(proj.root / "scripts" / "gate_kld.py", """\
+        import json
+        print(json.dumps({"q4_0/q4_0": {"kld_mean": 0.03}, "note": "[bold]not markup[/]"}))
+        """)
+    _gate(proj, "kld", "command", {"argv": ["python", str(script)], "parse": "json"},
+          ["[q4_0/q4_0].kld_mean <= 0.01"], models=())
+    done = run_cli("gate", "run", "kld", "--build", "cpu-fake", cwd=proj.root)
+    assert done.returncode == 1, done.stderr
+    assert "FAIL [q4_0/q4_0].kld_mean <= 0.01" in done.stderr
+    assert "q4_0/q4_0: kld_mean=0.03" in done.stderr and "note: [bold]not markup[/]" in done.stderr
+
+
 def test_backend_ops_gate(gate_env):
     proj, build_dir = gate_env
     _gate(proj, "ops", "backend-ops", {"op": "FLASH_ATTN_EXT", "pattern": "type_KV=q", "backend": "CPU"},
@@ -423,6 +441,123 @@ def test_gate_cli_json_and_exit_codes(gate_env):
     assert_clean_error(run_cli("gate", "run", "pass", "--build", "zzz", cwd=proj.root), 2, "no such build")
     listed = json.loads(run_cli("gate", "list", "--json", cwd=proj.root).stdout)
     assert {g["name"] for g in listed} == {"pass", "fail"}
+
+
+CRASHING_PROGRAM = """\
+    import sys
+    for i in range(40):
+        print(f"progress line {i}", file=sys.stderr)
+    print("x" * 5000, file=sys.stderr)
+    print("ModuleNotFoundError: No module named 'numpy'", file=sys.stderr)
+    sys.exit(1)
+    """
+
+
+def test_a_failed_command_shows_the_end_of_its_output(gate_env):
+    proj, _ = gate_env
+    script = write_script(proj.root / "scripts" / "gate_crash.py", CRASHING_PROGRAM)
+    _gate(proj, "crash", "command", {"argv": ["python", str(script)], "parse": "json"}, ["exit_code == 0 and ok"],
+          models=())
+    verdict = pipeline.run_gate(proj.chain(), "crash", build_key="cpu-fake")
+    assert verdict["ok"] is False
+    tail = verdict["output_tail"]
+    assert tail[-1] == "ModuleNotFoundError: No module named 'numpy'"
+    assert len(tail) == TAIL_LINES and "progress line 39" in tail and "progress line 0" not in tail
+    assert max(len(line) for line in tail) <= TAIL_WIDTH  # a huge line is cut, not dropped
+    assert "gate_crash.py exited with status 1" in verdict["error"] and "No module named 'numpy'" in verdict["error"]
+    # the terminal shows it, and so does --json
+    done = run_cli("gate", "run", "crash", "--build", "cpu-fake", cwd=proj.root)
+    assert done.returncode == 1
+    assert "progress line 39" in done.stderr and "No module named 'numpy'" in done.stderr
+    done = run_cli("gate", "run", "crash", "--build", "cpu-fake", "--json", cwd=proj.root)
+    assert json.loads(done.stdout)["output_tail"] == tail
+    # a passing gate carries no tail
+    _gate(proj, "fine", "command", {"argv": ["true"]}, ["exit_code == 0"], models=())
+    assert "output_tail" not in pipeline.run_gate(proj.chain(), "fine", build_key="cpu-fake")
+
+
+def test_a_failed_binary_shows_the_end_of_its_output(gate_env):
+    proj, build_dir = gate_env
+    write_script(build_dir / "bin" / "test-backend-ops", """\
+        import sys
+        print("ggml_backend_load: cannot open libggml-cpu.so", file=sys.stderr)
+        sys.exit(3)
+        """)
+    _gate(proj, "ops", "backend-ops", {"op": "FLASH_ATTN_EXT"}, ["failed == 0"], models=())
+    verdict = pipeline.run_gate(proj.chain(), "ops", build_key="cpu-fake")
+    assert verdict["ok"] is False and verdict["output_tail"] == ["ggml_backend_load: cannot open libggml-cpu.so"]
+
+
+# -- what the gate programs import is what `pip install .` installs -----------------------------
+def _base_dependencies() -> set[str]:
+    """Distribution names in pyproject.toml's [project] dependencies (no extras)."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].strip().lower() for req in project["dependencies"]}
+
+
+def _gate_programs() -> list[Path]:
+    """The Python programs the repository's command gates run ({root}/scripts/NAME.py)."""
+    programs = set()
+    for gate in runner.load_all(ROOT / "gates"):
+        if gate.kind == "command":
+            programs.update(ROOT / arg.removeprefix("{root}/") for arg in gate.params["argv"]
+                            if arg.startswith("{root}/") and arg.endswith(".py"))
+    return sorted(programs)
+
+
+def _top_level_imports(path: Path, module_level_only: bool = False) -> set[str]:
+    """Top-level names of the absolute imports in a file (module_level_only: those its
+    import runs unconditionally, not inside functions, try or if blocks)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if module_level_only else ast.walk(tree)
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _program_imports(program: Path) -> set[str]:
+    """What a gate program imports, following its imports of sibling scripts."""
+    seen, modules, todo = set(), set(), [program]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _top_level_imports(path):
+            sibling = path.parent / f"{name}.py"
+            if sibling.is_file():
+                todo.append(sibling)
+            else:
+                modules.add(name)
+    return modules
+
+
+def _not_covered(modules: set[str]) -> set[str]:
+    return modules - set(sys.stdlib_module_names) - set(VENDORED_MODULES) - set(GATE_MODULES)
+
+
+def test_gate_programs_need_only_the_base_install():
+    programs = _gate_programs()
+    assert ROOT / "scripts" / "gate_mtp.py" in programs  # the gate whose numpy was missing
+    imported = set().union(*(_program_imports(p) for p in programs))
+    assert "numpy" in imported and "gguf" in imported
+    assert _not_covered(imported) == set(), "declare these in polyforge.gates.GATE_MODULES"
+    # every declared module's distribution is a base dependency, not an extra
+    assert {dist.lower() for dist in GATE_MODULES.values()} <= _base_dependencies()
+
+
+@pytest.mark.slow
+def test_vendored_gguf_py_needs_only_the_base_install():
+    """The modules `import gguf` loads unconditionally (the vendored tree's gguf-py)."""
+    package = ROOT / "vendor" / "llama.cpp" / "gguf-py" / "gguf"
+    imported = set().union(*(_top_level_imports(p, module_level_only=True) for p in package.glob("*.py")))
+    assert "numpy" in imported
+    assert _not_covered(imported) == set(), "declare these in polyforge.gates.GATE_MODULES"
 
 
 # -- slow: the real gates on the real CPU build --------------------------------------------------

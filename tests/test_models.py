@@ -15,6 +15,7 @@ import pytest
 from buildkit import run_pf
 from conftest import ROOT, assert_clean_error, run_cli
 from polyforge import models as models_lib
+from polyforge import random_gguf
 from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
 
 PART = b"GGUF" + bytes(range(256)) * 40
@@ -114,14 +115,7 @@ def test_models_cli(proj, wheels):
     assert done.returncode == 1 and "not fetched" in done.stderr
 
 
-# -- the random-weight generator ---------------------------------------------------------------
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_random_gguf", ROOT / "scripts" / "gen_random_gguf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
+# -- the random-weight generator: a module of the package, so any install has it --------------
 @pytest.mark.parametrize("text, fragment", [
     ("bogus", "unknown preset"), ("n_layer=2", "lacks"), ("tiny,n_head=3", "divide"),
     ("tiny,n_vocab=100", "at least 300"), ("tiny,type=q2", "type=q2"), ("tiny,colour=1", "unknown shape key"),
@@ -129,12 +123,26 @@ def _generator():
 ])
 def test_shape_errors(text, fragment):
     with pytest.raises(ValueError, match=fragment):
-        _generator().parse_shape(text)
+        random_gguf.parse_shape(text)
 
 
 def test_shape_presets_and_overrides():
-    shape = _generator().parse_shape("small,n_layer=2,type=q8_0")
+    shape = random_gguf.parse_shape("small,n_layer=2,type=q8_0")
     assert shape["n_layer"] == 2 and shape["n_embd"] == 512 and shape["type"] == "q8_0"
+
+
+def test_random_models_need_no_scripts_folder(tmp_path, monkeypatch):
+    """The generator is the package's own module: its cache path and shape checks work
+    with no checkout around (the random file itself needs the vendored gguf-py)."""
+    monkeypatch.setenv("POLYFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    info = models_lib.info("random:tiny")
+    assert info["kind"] == "random" and info["path"] and info["cached"] is False
+    assert models_lib.info("random:tiny,n_layer=3")["path"] != info["path"]
+    with pytest.raises(BadInput, match="unknown preset"):
+        models_lib.fetch("random:bogus", vendored_tree=tmp_path / "no-tree")
+    with pytest.raises(EnvironmentProblem, match="gguf-py"):
+        models_lib.fetch("random:tiny", vendored_tree=tmp_path / "no-tree")
 
 
 GGUF_PY = ROOT / "vendor" / "llama.cpp" / "gguf-py"
@@ -144,8 +152,8 @@ GGUF_PY = ROOT / "vendor" / "llama.cpp" / "gguf-py"
 def test_random_gguf_is_a_valid_llama_model(tmp_path, monkeypatch):
     """Needs the vendored tree's gguf-py; the file is read back with gguf's own reader."""
     monkeypatch.setenv("POLYFORGE_CACHE", str(tmp_path / "cache"))
-    got = models_lib.fetch("random:tiny,n_layer=3", scripts_dir=ROOT / "scripts", vendored_tree=ROOT / "vendor" / "llama.cpp")
-    again = models_lib.fetch("random:tiny,n_layer=3", scripts_dir=ROOT / "scripts", vendored_tree=ROOT / "vendor" / "llama.cpp")
+    got = models_lib.fetch("random:tiny,n_layer=3", vendored_tree=ROOT / "vendor" / "llama.cpp")
+    again = models_lib.fetch("random:tiny,n_layer=3", vendored_tree=ROOT / "vendor" / "llama.cpp")
     assert not got.cached and again.cached and again.sha256 == got.sha256
     sys.path.insert(0, str(GGUF_PY))
     try:

@@ -91,3 +91,235 @@ def test_quoted_paths_are_unquoted_and_checked():
     text = text.replace("+++ b/src/new.c", '+++ "b/src/n\\303\\251w.c"')
     patch = parse(text)
     assert patch.changes[1].path == "src/néw.c"
+
+
+# -- hostile input (issue 14) -------------------------------------------------------------------
+def test_parse_errors_count_lines_from_the_top_of_the_file():
+    # GOOD's '+TWO' is line 17 of the file (line 8 of its diff section)
+    with pytest.raises(BadInput, match=r"line 17: corrupt hunk line"):
+        parse(GOOD.replace("+TWO\n", "*TWO\n"))
+
+
+# class 2: trailers
+def test_trailers_are_the_last_paragraph_of_the_body():
+    header = parse(GOOD.replace("Upstream-Status: Pending\n", "Signed-off-by: A <a@x>\nUpstream-Status: Pending\n")).header
+    assert header.description() == "Why: because."
+    assert header.trailers() == ["Signed-off-by: A <a@x>", "Upstream-Status: Pending"]
+
+
+def test_merge_trailers_collapses_duplicates_and_keeps_one_upstream_status():
+    merged = patchfile.merge_trailers(["Signed-off-by: A <a@x>", "Upstream-Status: Pending", "Acked-by: B <b@x>"],
+                                      ["Signed-off-by: A <a@x>", "Signed-off-by: C <c@x>", "upstream-status: Submitted"])
+    assert merged == ["Signed-off-by: A <a@x>", "Upstream-Status: Submitted", "Acked-by: B <b@x>", "Signed-off-by: C <c@x>"]
+
+
+def test_canonical_header_has_one_upstream_status():
+    # what older polyforge wrote: Upstream-Status appended as a paragraph of its own, again and again
+    legacy = GOOD.replace("Upstream-Status: Pending\n", "Upstream-Status: Pending\n\nUpstream-Status: Pending\n\nUpstream-Status: Pending\n")
+    header = parse(legacy).header
+    assert header.canonical().body == "Why: because.\n\nUpstream-Status: Pending"
+    assert parse(GOOD).header.canonical() == parse(GOOD).header, "a canonical header stays as it is"
+
+
+# class 3: nothing before the first 'diff --git' may read as a diff to git
+@pytest.mark.parametrize("quoted", [
+    "--- a/src/b.c\n+++ b/src/b.c\n@@ -1 +1 @@\n-x\n+y\n",
+    "@@ -1,3 +1,3 @@\n",
+    "GIT binary patch\nliteral 3\n",
+    "---\nmore words\n",
+])
+def test_description_lines_git_would_read_as_a_diff_are_refused(quoted):
+    with pytest.raises(BadInput, match="git would read"):
+        parse(GOOD.replace("Why: because.\n", f"Why: because.\n{quoted}"))
+
+
+def test_diff_lines_between_the_separator_and_the_diff_are_refused():
+    with pytest.raises(BadInput, match="git would read"):
+        parse(GOOD.replace("---\ndiff --git a/src/a.c", "---\n--- a/src/b.c\n+++ b/src/b.c\n@@ -1 +1 @@\n-x\n+y\ndiff --git a/src/a.c"))
+
+
+# class 6: states with no way out
+@pytest.mark.parametrize("path", ["build/x.c", "build-cuda/CMakeCache.txt", "__pycache__/m.pyc", "gguf-py/gguf/__pycache__/m.pyc"])
+def test_paths_excluded_from_the_tree_identity_are_refused(path):
+    with pytest.raises(BadInput, match="excluded from the tree"):
+        parse(GOOD.replace("src/new.c", path))
+
+
+@pytest.mark.parametrize("path", ["build", "src/build/x.c", "build.sh", "buildx/y.c", "src/__pycache__.txt"])
+def test_paths_that_only_look_excluded_are_fine(path):
+    assert parse(GOOD.replace("src/new.c", path)).changes[1].path == path
+
+
+def test_gitlinks_are_refused():
+    with pytest.raises(BadInput, match="gitlink"):
+        parse(GOOD.replace("new file mode 100644", "new file mode 160000"))
+
+
+# class 7: file modes
+@pytest.mark.parametrize("mutate", [
+    lambda t: t.replace("new file mode 100644", "new file mode 100666"),
+    lambda t: t.replace("new file mode 100644", "new file mode 100777"),
+    lambda t: t.replace("index 1111111111111111111111111111111111111111..2222222222222222222222222222222222222222 100644",
+                        "old mode 100644\nnew mode 104755\nindex 1111111111111111111111111111111111111111..2222222222222222222222222222222222222222"),
+    lambda t: t.replace("index 1111111111111111111111111111111111111111..2222222222222222222222222222222222222222 100644",
+                        "old mode 100777\nnew mode 100644\nindex 1111111111111111111111111111111111111111..2222222222222222222222222222222222222222"),
+    lambda t: t.replace("2222222222222222222222222222222222222222 100644", "2222222222222222222222222222222222222222 100664"),
+])
+def test_file_modes_other_than_644_and_755_are_refused(mutate):
+    with pytest.raises(BadInput, match="mode"):
+        parse(mutate(GOOD))
+
+
+def test_mode_change_to_755_is_fine():
+    text = GOOD.replace("index 1111111111111111111111111111111111111111..2222222222222222222222222222222222222222 100644",
+                        "old mode 100644\nnew mode 100755\nindex 1111111111111111111111111111111111111111..2222222222222222222222222222222222222222")
+    assert parse(text).changes[0].kind == "mode"
+
+
+def test_deleting_a_symlink_or_gitlink_is_refused():
+    deletion = GOOD.replace("new file mode 100644", "deleted file mode 120000").replace(
+        "--- /dev/null\n+++ b/src/new.c\n@@ -0,0 +1 @@\n+new\n", "--- a/src/new.c\n+++ /dev/null\n@@ -1 +0,0 @@\n-new\n")
+    with pytest.raises(BadInput, match="symlink"):
+        parse(deletion)
+
+
+# class 8: quoted paths as git writes them
+def _quoted(path: str) -> str:
+    text = GOOD.replace("diff --git a/src/new.c b/src/new.c", f'diff --git "a/{path}" "b/{path}"')
+    return text.replace("+++ b/src/new.c", f'+++ "b/{path}"')
+
+
+def test_quoted_octal_utf8_is_a_legal_name():
+    assert parse(_quoted("src/a\\342\\210\\225b.c")).changes[1].path == "src/a\u2215b.c"
+
+
+def test_quoted_name_with_a_literal_non_latin1_character():
+    # core.quotepath=false: git quotes a path with a tab but leaves its UTF-8 as it is
+    with pytest.raises(BadInput, match="control character"):
+        parse(_quoted("src/\u2215\\tb.c"))
+    assert parse(_quoted('src/\u2215 \\"q\\".c')).changes[1].path == 'src/\u2215 "q".c'
+
+
+@pytest.mark.parametrize("path, fragment", [
+    ("src/\\377x", "not UTF-8"),
+    ("src/\\u2215", "bad escape"),
+    ("src/x\\", "cannot read file names"),
+    ("src/\\0x", "bad escape"),
+    ("src/\\000x", "control character"),
+])
+def test_bad_quoted_names_are_refused(path, fragment):
+    with pytest.raises(BadInput, match=fragment):
+        parse(_quoted(path))
+
+
+def test_unquoted_name_with_a_space():
+    text = GOOD.replace("src/new.c", "src/new file.c")
+    assert parse(text).changes[1].path == "src/new file.c"
+
+
+# more hostile shapes of the parser's input
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda t: t.replace("@@ -1,3 +1,3 @@", "@@ -1,99999999999999999999 +1,3 @@"), "absurd"),
+    (lambda t: t.replace("@@ -1,3 +1,3 @@", "@@ -99999999999999999999,3 +1,3 @@"), "absurd"),
+    (lambda t: t.replace("@@ -1,3 +1,3 @@", "@@ -0,3 +0,3 @@"), "line 0"),
+    (lambda t: t.replace("@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n", "@@ -1,0 +1,0 @@\n"), "empty hunk"),
+    (lambda t: t.replace(" three\ndiff --git a/src/new.c", " three\n@@ -2,2 +2,2 @@\n-TWO\n+two\n three\ndiff --git a/src/new.c"), "overlaps"),
+    (lambda t: t.replace("--- a/src/a.c", "--- a/src/other.c"), "does not match"),
+    (lambda t: t.replace("+++ b/src/a.c", "+++ b/src/other.c"), "does not match"),
+    (lambda t: t.replace("--- /dev/null", "--- a/src/new.c"), "does not match"),
+    (lambda t: t.replace("+TWO\n", "+T\0WO\n"), "NUL"),
+    (lambda t: t.replace("--- a/src/a.c\n+++ b/src/a.c\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n", ""), "changes nothing"),
+    (lambda t: t + t[t.index("diff --git a/src/new.c"):], "more than once"),
+    (lambda t: t.replace("index 1111111111111111111111111111111111111111..", "index xyz.."), "malformed index"),
+    (lambda t: t.replace("Date: Sun, 29 Nov 2026 00:00:00 +0000", "Date: yesterday"), "Date"),
+    (lambda t: t.replace("From: polyforge <polyforge@localhost>", "From: nobody"), "From"),
+    (lambda t: t.replace("Subject: [PATCH]", "Subject: [PATCH]\nSubject: [PATCH] twice"), "twice"),
+    (lambda t: t.replace("Date: Sun", "X-Evil: yes\nDate: Sun"), "X-Evil"),
+])
+def test_more_hostile_shapes_are_refused(mutate, fragment):
+    with pytest.raises(BadInput, match=fragment):
+        parse(mutate(GOOD))
+
+
+def test_a_folded_subject_is_unfolded_as_git_am_reads_it():
+    text = GOOD.replace("Subject: [PATCH] demo: change a line", "Subject: [PATCH] demo: change\n a line")
+    assert parse(text).header.subject == "demo: change a line"
+
+
+@pytest.mark.parametrize("path, fragment", [
+    ("src/.git/hooks/pre-commit", "git metadata"),
+    (".GIT/config", "git metadata"),
+    ("src/./new.c", "escapes the tree"),
+    ("src//new.c", "escapes the tree"),
+])
+def test_paths_git_would_refuse_or_normalise_are_refused(path, fragment):
+    with pytest.raises(BadInput, match=fragment):
+        parse(GOOD.replace("src/new.c", path))
+
+
+def test_a_no_newline_marker_must_follow_a_hunk_line():
+    with pytest.raises(BadInput, match="corrupt hunk line"):
+        parse(GOOD.replace("@@ -1,3 +1,3 @@\n", "@@ -1,3 +1,3 @@\n\\ No newline at end of file\n"))
+    assert parse(GOOD.replace("+new\n", "+new\n\\ No newline at end of file\n")).changes[1].kind == "added"
+
+
+def test_canonical_date_is_the_day():
+    header = parse(GOOD.replace("00:00:00 +0000", "13:45:10 -0700")).header
+    assert header.canonical().date == "Sun, 29 Nov 2026 00:00:00 +0000"
+
+
+def test_parse_message():
+    assert patchfile.parse_message("s: x\r\n\r\nbody\r\n\r\nSigned-off-by: A <a@x>\r\n") == ("s: x", "body", ["Signed-off-by: A <a@x>"])
+    assert patchfile.parse_message("\n\n  s: x  \n") == ("s: x", "", [])
+    with pytest.raises(BadInput, match="Upstream-Status"):
+        patchfile.parse_message("s\n\nUpstream-Status: Maybe")
+    with pytest.raises(BadInput, match="line 4: git would read"):
+        patchfile.parse_message("\ns\n\n@@ -1 +1 @@")
+
+
+@pytest.mark.parametrize("path", ["src/" + "x" * 256 + ".c", "/".join(["d" * 200] * 21) + "/x.c"])
+def test_paths_too_long_to_check_out_are_refused(path):
+    with pytest.raises(BadInput, match="too long"):
+        parse(GOOD.replace("src/new.c", path))
+
+
+def test_names_take_ascii_digits_only():
+    with pytest.raises(BadInput, match="bad patch name"):
+        patchfile.check_name("\u0660\u0660\u0660\u0669-x")
+
+
+def test_only_regular_files_are_read(tmp_path):
+    import os
+    (tmp_path / "real.patch").write_text(GOOD)
+    (tmp_path / "0001-link.patch").symlink_to(tmp_path / "real.patch")
+    os.mkfifo(tmp_path / "0002-fifo.patch")
+    (tmp_path / "0003-dir.patch").mkdir()
+    with pytest.raises(BadInput, match="symlink"):
+        patchfile.read(tmp_path / "0001-link.patch")
+    for name in ("0002-fifo.patch", "0003-dir.patch"):
+        with pytest.raises(BadInput, match="not a regular file"):
+            patchfile.read(tmp_path / name)
+
+
+def test_a_captured_crlf_line_round_trips(fetched):
+    """A CR at the end of a content line (a file with CRLF endings) is legitimate content, not a
+    CRLF patch: capture takes it, the patch is canonical (refresh --check clean), verify passes,
+    and unapply/apply reproduce the bytes, CR included."""
+    from conftest import capture
+    from polyforge import verify
+    original = (fetched.tree / "ggml/src/ggml.c").read_bytes()
+    edited = original.replace(b"// line 10\n", b"// line 10\n// a CRLF line\r\n", 1)
+    (fetched.tree / "ggml/src/ggml.c").write_bytes(edited)
+    info = capture(fetched, "0001-crlf-line", {})
+    data = (fetched.patches / "0001-crlf-line.patch").read_bytes()
+    assert b"\n+// a CRLF line\r\n" in data
+    assert patchfile.read(fetched.patches / "0001-crlf-line.patch").sha256 == info["sha256"]
+    chain = fetched.chain()
+    assert chain.refresh(check=True) == {"name": "0001-crlf-line.patch", "changed": False}
+    proof = verify.verify(chain)
+    assert proof.ok, proof.problems
+    chain.unapply()
+    assert (fetched.tree / "ggml/src/ggml.c").read_bytes() == original
+    chain.apply()
+    assert (fetched.tree / "ggml/src/ggml.c").read_bytes() == edited
+    assert fetched.chain().lock_drift(fetched.chain().patches()) == []

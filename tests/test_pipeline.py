@@ -58,6 +58,18 @@ def test_up_stops_at_the_first_failing_gate(tiny):
     assert result.steps[-1].error == "threshold failed: exit_code == 1"
 
 
+def test_up_says_why_a_gate_failed(tiny):
+    (tiny.root / "gates" / "crashes.yaml").write_text(yaml.safe_dump({
+        "name": "crashes", "kind": "command", "build": {"targets": ["llama-cli"]},
+        "params": {"argv": ["python", "-c", "import sys; sys.exit('ImportError: numpy is missing')"], "parse": "json"},
+        "thresholds": ["exit_code == 0 and ok"]}))
+    result = pipeline.up(tiny.chain(), options=_options(), gates=["crashes"])
+    assert not result.ok and result.exit_code == 1 and result.steps[-1].name == "gate crashes"
+    assert "exited with status 1: ImportError: numpy is missing" in result.steps[-1].error
+    assert result.steps[-1].detail["verdict"]["output_tail"] == ["ImportError: numpy is missing"]
+    assert result.as_dict()["steps"][-1]["verdict"]["output_tail"] == ["ImportError: numpy is missing"]
+
+
 def test_up_stops_at_a_build_failure(tiny):
     tiny.chain().apply()
     capture(tiny, "0002-break", {"src/llama.c": "int llama_answer(void) { return nope; }\n"})

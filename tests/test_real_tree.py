@@ -78,3 +78,46 @@ def test_pruned_pack_carries_the_chain(real: Path, tmp_path):
     assert run_cli("apply", cwd=other).returncode == 0
     done = run_cli("verify-patches", "--json", cwd=other)
     assert done.returncode == 0, done.stdout
+
+
+def test_pruned_packs_carry_the_real_chain(tmp_path):
+    """The project's own chain (0074 edits docs/build.md, inside a pruned folder) travels in a
+    pruned pack and a patched pruned pack, and proves there."""
+    def project(name: str, patches: Path) -> Path:
+        root = tmp_path / name
+        (root / "vendor").mkdir(parents=True)
+        shutil.copy(ROOT / "vendor" / "pin.yaml", root / "vendor" / "pin.yaml")
+        shutil.copytree(patches, root / "patches")
+        return root
+
+    full = project("full", ROOT / "patches")
+    assert run_cli("vendor", "fetch", cwd=full).returncode == 0
+    done = run_cli("lock", cwd=full)  # the lock as this code computes it; full tree ids are unchanged
+    assert done.returncode == 0, done.stderr
+    committed = json.loads((ROOT / "patches" / "chain.lock").read_text())
+    relocked = json.loads((full / "patches" / "chain.lock").read_text())
+    assert [(e["name"], e["sha256"], e["tree"]) for e in relocked["patches"]] == \
+        [(e["name"], e["sha256"], e["tree"]) for e in committed["patches"]]
+    pack = tmp_path / "llama.tar.xz"
+    done = run_cli("vendor", "pack", str(pack), "--json", cwd=full)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["tree"] == relocked["pack_base_tree"]
+
+    pruned = project("pruned", full / "patches")
+    done = run_cli("vendor", "fetch", "--source", str(pack), "--json", cwd=pruned)
+    assert done.returncode == 0 and json.loads(done.stdout)["pruned"] is True, done.stderr
+    done = run_cli("apply", cwd=pruned)
+    assert done.returncode == 0, done.stderr
+    assert (pruned / "vendor/llama.cpp/docs/build.md").is_file()
+    done = run_cli("verify-patches", "--json", cwd=pruned)
+    assert done.returncode == 0, done.stdout
+
+    patched = tmp_path / "patched.tar.xz"
+    done = run_cli("vendor", "pack", str(patched), "--patched", cwd=pruned)
+    assert done.returncode == 0, done.stderr
+    again = project("again", full / "patches")
+    done = run_cli("vendor", "fetch", "--source", str(patched), cwd=again)
+    assert done.returncode == 0, done.stderr
+    done = run_cli("verify-patches", "--json", cwd=again)
+    assert done.returncode == 0, done.stdout
+    assert [p["tree"] for p in json.loads(done.stdout)["patches"]] == [e["pack_tree"] for e in relocked["patches"]]

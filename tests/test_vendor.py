@@ -161,6 +161,25 @@ def test_pack_rejects_other_suffix(fetched: Proj, tmp_path):
         vendor.pack(fetched.chain(), tmp_path / "a.zip")
 
 
+def test_pack_never_creates_folders_and_refuses_a_bad_output_path(fetched: Proj, tmp_path):
+    """Like `tar -cf /missing/x`: a missing output folder is refused (exit 2), not created;
+    a parent that is a file, or an output that is a folder, is one BadInput line too."""
+    chain = fetched.chain()
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(BadInput, match="its folder .*missing/dir does not exist"):
+        vendor.pack(chain, out / "missing" / "dir" / "x.tar.xz")
+    assert not (out / "missing").exists(), "pack created the missing folder"
+    (out / "a-file").write_text("a file\n")
+    with pytest.raises(BadInput, match="cannot write .*: a parent is not a folder .*a-file"):
+        vendor.pack(chain, out / "a-file" / "x.tar.xz")
+    assert (out / "a-file").read_text() == "a file\n"
+    (out / "dir.tar.xz").mkdir()
+    with pytest.raises(BadInput, match="it is a folder"):
+        vendor.pack(chain, out / "dir.tar.xz")
+    assert sorted(p.name for p in out.iterdir()) == ["a-file", "dir.tar.xz"]
+
+
 def test_patched_pack_is_recognised_and_its_chain_rebuilt(fetched: Proj, tmp_path):
     from conftest import capture
     capture(fetched, "0001-a", {"src/llama.h": "patched\n", "src/new.c": "new\n"})
@@ -180,3 +199,88 @@ def test_patched_pack_is_recognised_and_its_chain_rebuilt(fetched: Proj, tmp_pat
     assert verify.verify(chain).ok
     chain.unapply()
     assert chain.tree.snapshot() == fetched.upstream.pack_tree
+
+
+# -- issue 14: pruned packs carry any chain, including one that edits a pruned folder --------
+def _docs_chain(fetched: Proj) -> None:
+    from conftest import capture
+    capture(fetched, "0001-docs", {"docs/build.md": "How to build, patched.\n", "src/llama.h": "patched\n"})
+    capture(fetched, "0002-more", {"src/llama.h": "patched again\n", "docs/added.md": "new doc\n"})
+
+
+def _second_project(fetched: Proj, tmp_path) -> Proj:
+    import shutil
+    root = tmp_path / "second"
+    write_pin(root, fetched.upstream)
+    shutil.copytree(fetched.patches, root / "patches")
+    return Proj(root, fetched.upstream)
+
+
+def test_pruned_pack_keeps_the_files_the_chain_touches(fetched: Proj, tmp_path):
+    _docs_chain(fetched)
+    info = vendor.pack(fetched.chain(), tmp_path / "base.tar.xz")
+    with tarfile.open(info["path"]) as tar:
+        names = tar.getnames()
+    assert "llama.cpp/docs/build.md" in names and "llama.cpp/docs/more/notes.md" not in names
+    from polyforge.lockfile import ChainLock
+    assert info["tree"] == ChainLock.read(fetched.patches / "chain.lock").pack_base_tree
+    other = _second_project(fetched, tmp_path)
+    result = vendor.fetch(other.chain(), source=info["path"])
+    assert result.pruned
+    chain = other.chain()
+    assert [r["status"] for r in chain.apply()] == ["applied", "applied"]
+    assert other.read("docs/build.md") == "How to build, patched.\n"
+    from polyforge import verify
+    proof = verify.verify(chain)
+    assert proof.ok, proof.as_dict()
+    assert vendor.status(chain)["baseline_ok"]
+
+
+def test_patched_pruned_pack_with_a_chain_that_edits_a_pruned_folder(fetched: Proj, tmp_path):
+    _docs_chain(fetched)
+    info = vendor.pack(fetched.chain(), tmp_path / "patched.tar.xz", patched=True)
+    other = _second_project(fetched, tmp_path)
+    assert vendor.fetch(other.chain(), source=info["path"]).pruned
+    chain = other.chain()
+    assert [a.name for a in chain.tree.applied()] == ["0001-docs.patch", "0002-more.patch"]
+    from polyforge import verify
+    assert verify.verify(chain).ok
+    chain.unapply()
+    from polyforge.lockfile import ChainLock
+    assert chain.tree.snapshot() == ChainLock.read(fetched.patches / "chain.lock").pack_base_tree
+    assert other.read("docs/build.md") == "How to build.\n"
+
+
+def test_lock_pack_trees_are_what_applying_on_the_pruned_baseline_reaches(fetched: Proj):
+    from polyforge.chain import prune_tree, run_chain
+    from polyforge.lockfile import ChainLock
+    _docs_chain(fetched)
+    chain = fetched.chain()
+    lock = ChainLock.read(fetched.patches / "chain.lock")
+    git = chain.tree.git
+    # the pruned baseline: docs/ less everything but the file the chain edits
+    assert lock.pack_base_tree == prune_tree(git, fetched.upstream.tree, ("docs",), {"docs/build.md"})
+    steps = run_chain(git, lock.pack_base_tree, chain.patches())
+    assert [s.tree for s in steps] == [e.pack_tree for e in lock.patches]
+
+
+def test_verify_on_the_full_tree_catches_stale_pack_trees(fetched: Proj):
+    from polyforge import verify
+    from polyforge.lockfile import ChainLock, LockEntry
+    _docs_chain(fetched)
+    path = fetched.patches / "chain.lock"
+    lock = ChainLock.read(path)
+    first = lock.patches[0]
+    stale = (LockEntry(first.name, first.sha256, first.tree, "e" * 40),) + lock.patches[1:]
+    ChainLock(lock.base_tree, lock.pack_base_tree, stale).write(path)
+    proof = verify.verify(fetched.chain())
+    assert not proof.ok
+    assert any("0001-docs.patch" in p and "pack" in p for p in proof.problems), proof.problems
+
+
+def test_a_pack_made_for_another_chain_is_refused_by_name(fetched: Proj, tmp_path):
+    plain = vendor.pack(fetched.chain(), tmp_path / "plain.tar.xz")  # no chain yet: docs/ pruned whole
+    _docs_chain(fetched)
+    other = _second_project(fetched, tmp_path)
+    with pytest.raises(VerificationFailed, match="another chain"):
+        vendor.fetch(other.chain(), source=plain["path"])

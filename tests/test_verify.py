@@ -124,7 +124,7 @@ def test_misnumbered_patch_is_named(fetched: Proj):
     (fetched.patches / "0001-a.patch").rename(fetched.patches / "0009-a.patch")
     proof = verify.verify(fetched.chain())
     assert not proof.ok
-    assert any(p.startswith("misnumbered: 0002-b.patch applies only after 0009-a.patch") for p in proof.problems), proof.problems
+    assert "misnumbered: renumber 0002-b.patch to sort after 0009-a.patch" in proof.problems, proof.problems
 
 
 def test_cli_json_and_junit(fetched: Proj, tmp_path):
@@ -146,3 +146,58 @@ def test_cli_json_and_junit(fetched: Proj, tmp_path):
 def test_verify_on_empty_chain(fetched: Proj):
     proof = verify.verify(fetched.chain())
     assert proof.ok and proof.patches == []
+
+
+# -- issue 14: the smallest renumbering that makes the chain apply ---------------------------
+def _dependent_on_two(p: Proj) -> None:
+    capture(p, "0001-a", {"src/llama.h": "one\n"})
+    capture(p, "0002-b", {"ggml/src/ggml.c": p.read("ggml/src/ggml.c").replace("// line 7\n", "// LINE 7\n")})
+    capture(p, "0003-c", {"src/llama.h": "one\nthree\n",
+                          "ggml/src/ggml.c": p.read("ggml/src/ggml.c").replace("// LINE 7\n", "// LINE 7 (c)\n")})
+
+
+def test_renumbering_hint_moves_one_patch_that_depends_on_two(fetched: Proj):
+    _dependent_on_two(fetched)
+    (fetched.patches / "0003-c.patch").rename(fetched.patches / "0000-c.patch")
+    proof = verify.verify(fetched.chain())
+    assert not proof.ok
+    assert "misnumbered: renumber 0000-c.patch to sort after 0002-b.patch" in proof.problems, proof.problems
+
+
+def test_lock_refusal_names_the_renumbering(fetched: Proj):
+    import pytest
+    from polyforge.errors import VerificationFailed
+    _dependent_on_two(fetched)
+    (fetched.patches / "0003-c.patch").rename(fetched.patches / "0000-c.patch")
+    with pytest.raises(VerificationFailed) as info:
+        fetched.chain().relock()
+    assert info.value.hint == "renumber 0000-c.patch to sort after 0002-b.patch"
+
+
+def test_no_order_applies_is_said(fetched: Proj):
+    capture(fetched, "0001-a", {"src/llama.h": "one\n"})
+    chain = fetched.chain()
+    chain.unapply()
+    data = (fetched.patches / "0001-a.patch").read_bytes()
+    fetched.write("src/llama.h", "other\n")
+    (fetched.patches / "0001-a.patch").unlink()
+    chain.relock()
+    chain.capture("0001-b")
+    (fetched.patches / "0002-a.patch").write_bytes(data)  # both edit the same line of the baseline
+    proof = verify.verify(fetched.chain())
+    assert any(p.startswith("no order of the chain applies") for p in proof.problems), proof.problems
+
+
+def test_renumbering_search_on_twenty_patches_answers_in_seconds(fetched: Proj):
+    import time
+    from polyforge.chain import find_misnumbered
+    for k in range(1, 21):  # patch k needs patch k-1: a strict dependency chain
+        capture(fetched, f"{k:04d}-p", {"src/llama.h": "".join(f"v{i}\n" for i in range(k))})
+    for k in range(1, 21):  # number them backwards: lexical order is the reverse of the one that applies
+        (fetched.patches / f"{k:04d}-p.patch").rename(fetched.patches / f"{100 - k:04d}-q.patch")
+    chain = fetched.chain()
+    patches = chain.patches()
+    started = time.monotonic()
+    hint = find_misnumbered(chain.tree.git, fetched.upstream.tree, patches, 0)
+    assert time.monotonic() - started < 20
+    assert hint is not None and hint.startswith("renumber ") and hint.count(" to sort after ") == 19, hint

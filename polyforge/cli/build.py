@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -138,7 +139,7 @@ def models_list(json_out: bool = typer.Option(False, "--json")) -> None:
         return
     for r in rows:
         say(f"{r['name']:<14} {'[green]cached[/]' if r['cached'] else 'not fetched'}  {r['description']}")
-    say("[dim]random:SHAPE  a random-weight GGUF (scripts/gen_random_gguf.py), e.g. random:tiny[/]")
+    say("[dim]random:SHAPE  a random-weight GGUF (polyforge.random_gguf), e.g. random:tiny[/]")
 
 
 @models_app.command("fetch")
@@ -154,7 +155,7 @@ def models_fetch(
     results = []
     for name in names:
         got = models_lib.fetch(name, find_links=Path(find_links) if find_links else None,
-                               scripts_dir=project.scripts_dir, vendored_tree=project.tree_dir)
+                               vendored_tree=project.tree_dir)
         results.append(got.as_dict())
         if not json_out:
             say(f"[green]ok[/] {name}: {'cached' if got.cached else 'fetched'} {got.path} (sha256 {got.sha256[:12]}, "
@@ -167,7 +168,7 @@ def models_fetch(
 def models_path(name: str = typer.Argument(...)) -> None:
     """Print a cached model's path (stdout); exit 1 if it is not fetched."""
     from .. import models as models_lib
-    info = models_lib.info(name, find_project().scripts_dir if name.startswith(models_lib.RANDOM_PREFIX) else None)
+    info = models_lib.info(name)
     if not info["cached"]:
         say(f"[red]{name} is not fetched[/]: polyforge models fetch {name}")
         raise typer.Exit(1)
@@ -198,19 +199,25 @@ def gate_list(json_out: bool = typer.Option(False, "--json")) -> None:
 
 
 def _render_verdict(verdict: dict) -> None:
+    # names, expressions and errors are data: "[q8_0/q8_0].kld_mean" must not be read as rich markup
     mark = "[green]PASS[/]" if verdict["ok"] else "[red]FAIL[/]"
-    say(f"{mark} gate {verdict['gate']} (build {verdict.get('build', '-')}, {verdict.get('seconds', 0):.1f} s)")
+    say(f"{mark} gate {escape(verdict['gate'])} (build {escape(str(verdict.get('build', '-')))}, "
+        f"{verdict.get('seconds', 0):.1f} s)")
     if verdict.get("error"):
-        say(f"  [red]error[/] {verdict['error']}")
+        say(f"  [red]error[/] {escape(verdict['error'])}")
+    if verdict.get("output_tail"):
+        say("  [dim]the failed command's last output lines:[/]")
+        for line in verdict["output_tail"]:
+            err.print(f"    {line}", markup=False, soft_wrap=True)
     for name, value in verdict["metrics"].items():
         if isinstance(value, dict):
-            say(f"  {name}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()))
+            say(escape(f"  {name}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in value.items())))
         else:
-            say(f"  {name}: {_fmt(value)}")
+            say(escape(f"  {name}: {_fmt(value)}"))
     for expr, result in verdict["thresholds"].items():
         state = "[green]ok[/]" if result["ok"] else "[red]FAIL[/]"
         extra = f" ({result['error']})" if result.get("error") else ""
-        say(f"  {state} {expr}{extra}")
+        say(f"  {state} {escape(expr + extra)}")
 
 
 def _fmt(value) -> str:
@@ -289,7 +296,7 @@ def bench(
         manifest = run_build(chain, options, quiet=json_out).manifest
     exe = build_lib.binary(manifest, "llama-bench")
     fetched = models_lib.fetch(model, find_links=Path(find_links) if find_links else None,
-                               scripts_dir=project.scripts_dir, vendored_tree=project.tree_dir)
+                               vendored_tree=project.tree_dir)
     out_dir = Path(out) if out else Path(manifest["build_dir"]) / "bench" / _time.strftime("%Y%m%d-%H%M%S")
     result = bench_lib.run(exe, fetched.path, spec, out_dir, log=lambda m: say(f"[dim]{m}[/]"))
     result["build"] = manifest["key"]

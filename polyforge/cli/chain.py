@@ -8,10 +8,11 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from .. import patchfile
 from .. import verify as verify_lib
 from ..chain import Chain
 from ..console import err
-from ..errors import VerificationFailed
+from ..errors import BadInput, VerificationFailed
 from ..project import find_project
 from . import app
 from .render import emit_json, say
@@ -70,6 +71,12 @@ def status_info(chain: Chain) -> dict:
     info["lock_drift"] = chain.lock_drift(patches)
     journal = chain.tree.pending_journal() if chain.tree.exists() else None
     info["interrupted"] = journal.op if journal else None
+    info["journal_problem"] = None
+    if journal is not None:
+        try:
+            chain.tree.check_journal(journal)  # what the next command's recovery would refuse
+        except BadInput as exc:
+            info["journal_problem"] = exc.message
     if chain.tree.exists():
         applied = chain.tree.applied()
         info["applied"] = [a.name for a in applied]
@@ -77,7 +84,11 @@ def status_info(chain: Chain) -> dict:
         info["live_edits"] = [{"status": s, "path": p} for s, p in chain.live_changes()]
         info["applied_changed"] = [a.name for a in applied
                                    for p in patches if p.name == a.name and p.sha256 != a.sha256]
-    info["ok"] = bool(info.get("baseline_ok")) and not info["lock_drift"] and not info.get("applied_changed")
+        info["applied_missing"] = [a.name for a in applied if a.name not in info["patches"]]
+        # the applied commits against the chain now: gone, changed, or at another position
+        info["chain_mismatch"] = chain.applied_mismatch(applied, patches)
+    info["ok"] = (bool(info.get("baseline_ok")) and not info["lock_drift"] and not info.get("chain_mismatch")
+                  and not info["journal_problem"])
     return info
 
 
@@ -85,7 +96,12 @@ def status_info(chain: Chain) -> dict:
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Pin and baseline, applied and unapplied patches, live edits, lock drift."""
     chain = _chain_with_notices()
-    info = status_info(chain)
+    with chain.reading() as lock:
+        info = status_info(chain)
+        if chain.tree.exists():
+            removable, blocking = chain.tree.leftover_locks(lock.dead_holder)
+            info["git_locks"] = {"removable": removable, "blocking": blocking}
+            info["ok"] = info["ok"] and not blocking  # the next command would stop on them
     if json_out:
         emit_json(info)
         raise typer.Exit(0 if info["ok"] else 1)
@@ -104,10 +120,16 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
         if name in info["applied_changed"]:
             state = "[red]applied, file changed since[/]"
         table.add_row(name, state)
-    if info["patches"]:
+    for name in info["applied_missing"]:
+        table.add_row(name, "[red]applied, not in patches/[/]")
+    if info["patches"] or info["applied_missing"]:
         err.print(table)
     else:
         say("patches   none")
+    for mismatch in info["chain_mismatch"]:
+        say(f"[red]applied[/] {mismatch}")
+    if info["chain_mismatch"]:
+        say("[yellow]polyforge unapply undoes the applied patches by their recorded commits; then apply the chain[/]")
     edits = info["live_edits"]
     say(f"live edits {len(edits)} file(s)" + (":" if edits else ""))
     for e in edits[:20]:
@@ -116,8 +138,15 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
         say(f"  ... and {len(edits) - 20} more")
     for d in info["lock_drift"]:
         say(f"[red]lock drift[/] {d}")
-    if info["interrupted"]:
+    if info["journal_problem"]:
+        say(f"[red]journal[/] {info['journal_problem']}: the next command refuses to run until it is resolved")
+    elif info["interrupted"]:
         say(f"[yellow]an interrupted {info['interrupted']} will be recovered by the next command[/]")
+    for rel in info["git_locks"]["removable"]:
+        say(f"[yellow]{rel} was left by a polyforge run that died: the next command removes it[/]")
+    for rel in info["git_locks"]["blocking"]:
+        say(f"[red]{rel} exists[/]: a git process is at work in the vendored tree, or one died; "
+            "the next command stops on it")
     raise typer.Exit(0 if info["ok"] else 1)
 
 
@@ -126,13 +155,12 @@ def capture(
     name: str = typer.Argument(..., help="NNNN-slug of the new patch"),
     message: Optional[str] = typer.Option(None, "-m", "--message", help="Subject line, blank line, description."),
     message_file: Optional[Path] = typer.Option(None, "-F", "--file", help="Read the message from a file."),
-    upstream_status: str = typer.Option("Pending", "--upstream-status", help="Pending, Submitted, Backport, Inappropriate [why], ..."),
+    upstream_status: Optional[str] = typer.Option(None, "--upstream-status", help="Pending (the default), Submitted, Backport, Inappropriate [why], ...; overrides the message's trailer."),
     author: str = typer.Option("polyforge <polyforge@localhost>", "--author"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Turn the live edits on top of the applied chain into a new patch."""
-    if message_file is not None:
-        message = message_file.read_text()
+    message = _message(message, message_file)
     chain = _chain_with_notices()
     with chain.locked():
         info = chain.capture(name, message, upstream_status, author)
@@ -151,8 +179,7 @@ def refresh(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Regenerate the top applied patch from the live tree (canonical form)."""
-    if message_file is not None:
-        message = message_file.read_text()
+    message = _message(message, message_file)
     chain = _chain_with_notices()
     with chain.locked():
         info = chain.refresh(check, message)
@@ -164,6 +191,14 @@ def refresh(
     else:
         say(f"[green]ok[/] {info['name']} " + ("rewritten" if info["changed"] else "unchanged"))
         _say_rebased(info)
+
+
+def _message(message: Optional[str], message_file: Optional[Path]) -> Optional[str]:
+    if message_file is None:
+        return message
+    if message is not None:
+        raise BadInput("give the message with -m or -F, not both")
+    return patchfile.read_message_file(message_file)
 
 
 def _say_rebased(info: dict) -> None:
@@ -189,11 +224,17 @@ def verify_patches(
     junit_file: Optional[Path] = typer.Option(None, "--junit", help="Also write a JUnit XML report."),
 ) -> None:
     """Prove the chain: prefixes, forward and reverse byte identity, lock, canonical form."""
+    if junit_file is not None and (junit_file.is_dir() or not junit_file.parent.is_dir()):
+        # refused before the proof: a typo should not cost a whole proof
+        raise BadInput(f"--junit {junit_file}: " + ("is a folder" if junit_file.is_dir() else "its folder does not exist"))
     chain = _chain_with_notices()
     with chain.locked():
         proof = verify_lib.verify(chain)
     if junit_file is not None:
-        junit_file.write_text(verify_lib.junit(proof))
+        try:
+            junit_file.write_text(verify_lib.junit(proof))
+        except OSError as exc:
+            raise BadInput(f"--junit {junit_file}: cannot write it: {exc.strerror}") from None
     if json_out:
         emit_json(proof.as_dict())
     else:

@@ -1,1 +1,14 @@
 """Gates: declared in gates/*.yaml, run by polyforge.gates.runner, one module per kind."""
+
+# The third-party modules the gate programs import (scripts/gate_*.py, what they import, and
+# the vendored gguf-py they load), each with the distribution that provides it. `polyforge
+# up` runs those programs, so each distribution is a base dependency in pyproject.toml
+# (tests/test_gates.py checks both directions), and `polyforge doctor` reports each module.
+GATE_MODULES: dict[str, str] = {
+    "numpy": "numpy",
+    "yaml": "pyyaml",
+}
+
+# Modules the gate programs take from the vendored tree (--gguf-py {root}/vendor/llama.cpp/gguf-py),
+# not from the environment.
+VENDORED_MODULES: tuple[str, ...] = ("gguf",)

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 from .. import proc
-from ..errors import BadInput, VerificationFailed
+from ..errors import BadInput, EnvironmentProblem, VerificationFailed
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# how much of a failed command's output a verdict carries: enough for a traceback's end
+TAIL_LINES = 15
+TAIL_WIDTH = 300
 
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
+
+
+def output_tail(text: str) -> list[str]:
+    """The last non-blank lines of a command's output, each cut to TAIL_WIDTH characters."""
+    lines = [line.rstrip() for line in strip_ansi(text).splitlines() if line.strip()][-TAIL_LINES:]
+    return [line if len(line) <= TAIL_WIDTH else line[:TAIL_WIDTH - 3] + "..." for line in lines]
 
 
 def need(params: dict, key: str, kind: type | tuple, where: str, default=None, required: bool = False):
@@ -53,9 +63,9 @@ def run_logged(argv: list, log_path: Path, timeout: float, cwd: Path | None = No
     """Run a binary to completion, keep its output in log_path; a timeout is a failure."""
     try:
         done = proc.run(argv, cwd=cwd, env=env, timeout=timeout)
-    except Exception as exc:  # EnvironmentProblem from the runner: not found or timed out
+    except EnvironmentProblem as exc:  # not found, or timed out
         log_path.write_text(f"$ {' '.join(map(str, argv))}\n{exc}\n")
-        if "did not finish" in str(exc):
+        if isinstance(exc.__cause__, subprocess.TimeoutExpired):  # a gate that hangs fails; a missing tool is the machine's
             raise VerificationFailed(f"{Path(str(argv[0])).name} {exc} (log: {log_path})") from None
         raise
     log_path.write_text(f"$ {' '.join(done.args)}\n[exit {done.returncode}]\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")

@@ -58,6 +58,8 @@ def run(ctx) -> dict:
     done = run_logged(argv, log, ctx.gate.timeout, env=ctx.env)
     metrics = parse(done.stdout)
     metrics["exit_code"] = done.returncode
+    if done.returncode != 0:
+        ctx.note_failed_command(done)
     if metrics["total"] == 0 and done.returncode != 0:
         last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
         raise VerificationFailed(f"test-backend-ops failed with exit {done.returncode}: {last} (log: {log})")

@@ -65,6 +65,8 @@ def run(ctx) -> dict:
         argv[0] = sys.executable
     ctx.log(f"running {' '.join(argv)}")
     done = run_logged(argv, ctx.work_dir / "command.log", ctx.gate.timeout, cwd=ctx.project_root, env=ctx.env)
+    if done.returncode != 0:
+        ctx.note_failed_command(done)
     metrics = parse_output(done.stdout, p["parse"])
     metrics["exit_code"] = done.returncode
     return metrics

@@ -93,6 +93,8 @@ def run(ctx) -> dict:
         done = run_logged([exe, *common, "-f", text, "-ctk", bk, "-ctv", bv, "--kl-divergence-base", base_file],
                           ctx.work_dir / "base.log", ctx.gate.timeout, env=ctx.env)
         output = done.stdout + done.stderr
+        if done.returncode != 0:
+            ctx.note_failed_command(done)
         if done.returncode != 0 or not base_file.is_file():
             raise VerificationFailed(f"llama-perplexity (base {p['base']}) failed with exit {done.returncode}: "
                                      f"{_last_error(output)} (log: {ctx.work_dir / 'base.log'})")
@@ -107,6 +109,7 @@ def run(ctx) -> dict:
                                "--kl-divergence"], log, ctx.gate.timeout, env=ctx.env)
             output = done.stdout + done.stderr
             if done.returncode != 0:
+                ctx.note_failed_command(done)
                 raise VerificationFailed(f"llama-perplexity ({pair}) failed with exit {done.returncode}: "
                                          f"{_last_error(output)} (log: {log})")
             row = parse_kld(output)

@@ -1,5 +1,7 @@
 """Gates: gates/NAME.yaml declares a build, models, commands, metrics and thresholds;
-running one yields a verdict {"gate", "ok", "metrics", "thresholds", ...}.
+running one yields a verdict {"gate", "ok", "metrics", "thresholds", ...}. A failed gate's
+verdict also says why: "error" (one line) and, when a command failed, "output_tail" (the
+last lines of its stderr, or of its stdout when stderr is empty).
 
 Schema (validated into the dataclasses below):
 
@@ -34,6 +36,7 @@ import fnmatch
 import importlib
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +44,9 @@ from typing import Any, Callable
 
 import yaml
 
+from .. import proc
 from ..errors import BadInput, PolyforgeError
+from ._common import output_tail
 
 KINDS = ("backend-ops", "perplexity-kld", "server", "command")
 REQUIRES = ("any", "cpu", "cuda")
@@ -291,6 +296,19 @@ class GateContext:
     models: dict[str, Path]
     log: Callable[[str], None] = lambda message: None
     env: dict[str, str] = field(default_factory=dict)
+    # the last command that failed, and the end of its output: the verdict's cause when the
+    # gate fails (only then: a gate may expect a command to fail)
+    failure: str | None = None
+    failure_tail: list[str] = field(default_factory=list)
+
+    def note_failure(self, what: str, output: str) -> None:
+        self.failure, self.failure_tail = what, output_tail(output)
+
+    def note_failed_command(self, done: proc.Completed) -> None:
+        """A command that exited non-zero: its stderr's end (stdout's when stderr is empty)."""
+        program = done.args[1] if done.args[0] == sys.executable and done.args[1:2] != ["-c"] else done.args[0]
+        self.note_failure(f"{Path(program).name} exited with status {done.returncode}",
+                          done.stderr if done.stderr.strip() else done.stdout)
 
     def bin(self, name: str) -> Path:
         path = self.build_dir / "bin" / name
@@ -338,8 +356,11 @@ def run_gate(ctx: GateContext) -> dict:
     except PolyforgeError as exc:
         verdict = judge(ctx.gate.name, {}, ctx.gate.thresholds)
         verdict.update(ok=False, error=exc.message, exit_code=exc.exit_code)
-        verdict["seconds"] = round(time.monotonic() - started, 2)
-        return verdict
-    verdict = judge(ctx.gate.name, metrics, ctx.gate.thresholds)
+    else:
+        verdict = judge(ctx.gate.name, metrics, ctx.gate.thresholds)
+        if not verdict["ok"] and ctx.failure is not None:
+            verdict["error"] = ctx.failure + (f": {ctx.failure_tail[-1]}" if ctx.failure_tail else "")
+    if not verdict["ok"] and ctx.failure_tail:
+        verdict["output_tail"] = ctx.failure_tail
     verdict["seconds"] = round(time.monotonic() - started, 2)
     return verdict

@@ -113,7 +113,11 @@ def run(ctx) -> dict:
     metrics: dict = {}
     ctx.log(f"starting llama-server on {base}")
     with proc.Background(argv, log_path=log, env=ctx.env) as server:
-        metrics["health"] = {"seconds": round(wait_healthy(server, base, p["health_timeout"], log), 2)}
+        try:
+            metrics["health"] = {"seconds": round(wait_healthy(server, base, p["health_timeout"], log), 2)}
+        except VerificationFailed:
+            ctx.note_failure("llama-server did not start", log.read_text(errors="replace") if log.is_file() else "")
+            raise
         for req in p["requests"]:
             started = time.monotonic()
             try:

@@ -1,12 +1,14 @@
-#!/usr/bin/env python3
-"""Write a random-weight llama-architecture GGUF of a given shape.
+"""Write a random-weight llama-architecture GGUF of a given shape (models `random:SHAPE`).
 
 For speed work where the weights' values do not matter (the GPU machine has no network):
 llama.cpp loads it like any model, llama-bench and llama-perplexity run on it. The vocab is
 a small SentencePiece-style one with byte fallback, so any text tokenizes.
 
-  gen_random_gguf.py --shape tiny --out m.gguf
-  gen_random_gguf.py --shape n_layer=4,n_embd=1024,n_head=8,n_head_kv=2,n_ff=2816,n_vocab=4096 --out m.gguf
+  polyforge models fetch random:tiny
+  python -m polyforge.random_gguf --shape small,n_layer=2 --gguf-py vendor/llama.cpp/gguf-py --out m.gguf
+
+polyforge.models runs it as a child process: gguf-py is put on sys.path from the vendored
+tree, which must not leak into polyforge's own process. parse_shape needs neither gguf nor numpy.
 
 Shape keys: n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx, type (f32|f16|q8_0),
 seed; a preset name (tiny, small, 1b, 8b) may come first: "small,n_layer=2".
@@ -148,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(args.gguf_py))
     try:
         import gguf  # noqa: F401
-    except ImportError:
-        print("error: gguf-py not importable (pass --gguf-py VENDOR/llama.cpp/gguf-py)", file=sys.stderr)
+    except ImportError as exc:  # gguf-py itself, or one of its dependencies (numpy)
+        print(f"error: cannot import gguf-py ({exc}); pass --gguf-py VENDOR/llama.cpp/gguf-py", file=sys.stderr)
         return 3
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write(shape, args.out)
