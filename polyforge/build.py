@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
-from . import cmake, proc
+from . import cmake, schema, toolchain
 from .errors import BadInput, EnvironmentProblem, VerificationFailed
 from .filelock import FileLock
 from .hashing import sha256_bytes, sha256_file
@@ -92,19 +90,17 @@ class BuildOptions:
 def load_fa_pairs(gates_dir: Path) -> list[str]:
     """The declared K/V pairs (gates/build.yaml: cuda.fa_quants), each '<type_K>-<type_V>'."""
     path = gates_dir / BUILD_CONFIG
+    where = str(path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        top = schema.mapping(schema.load_yaml(path) or {}, where)
     except FileNotFoundError:
         raise BadInput(f"{path} is missing (it declares the FlashAttention K/V pairs)") from None
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    pairs = (raw.get("cuda") or {}).get("fa_quants") if isinstance(raw, dict) else None
-    if not isinstance(pairs, list) or not pairs:
-        raise BadInput(f"{path}: cuda.fa_quants must be a non-empty list of <type_K>-<type_V>")
+    cuda = schema.optional(top, "cuda", dict, where, {})
+    pairs = schema.str_list(cuda, "fa_quants", where, section="cuda", required=True)
     out = []
     for pair in pairs:
-        if not isinstance(pair, str) or not re.match(r"^[a-z0-9_]+-[a-z0-9_]+$", pair.strip().lower()):
-            raise BadInput(f"{path}: fa_quants entry {pair!r} is not <type_K>-<type_V>")
+        if not re.match(r"^[a-z0-9_]+-[a-z0-9_]+$", pair.strip().lower()):
+            raise BadInput(f"{where}: 'cuda.fa_quants' entry {pair!r} is not <type_K>-<type_V>")
         out.append(pair.strip().lower())
     return list(dict.fromkeys(out))
 
@@ -133,76 +129,6 @@ def fa_quants(pairs: list[str], types: tuple[str, ...] | None) -> tuple[str, lis
     return ",".join(kept or ["f16-f16"]), dropped
 
 
-# -- toolchain -----------------------------------------------------------------------------
-def _compiler(var: str, default: str) -> str | None:
-    name = os.environ.get(var) or default
-    path = proc.which(name)
-    return os.path.realpath(path) if path else None
-
-
-def find_nvcc() -> str | None:
-    for candidate in (os.environ.get("CUDACXX"), proc.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def find_cublas(nvcc: str) -> str | None:
-    """libcublas of the toolkit nvcc belongs to (ggml-cuda links CUDA::cublas), or a system one."""
-    roots = [Path(os.path.realpath(nvcc)).parent.parent, Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"))]
-    folders = [f for root in roots for f in (root / "lib64", root / "lib", *sorted(root.glob("targets/*/lib")))]
-    folders += [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib/aarch64-linux-gnu")]
-    for folder in folders:
-        hits = sorted(folder.glob("libcublas.so*")) if folder.is_dir() else []
-        if hits:
-            return str(hits[0])
-    return None
-
-
-def query_gpus(fields: str) -> list[list[str]]:
-    """One row of nvidia-smi --query-gpu=FIELDS per GPU; [] without a usable nvidia-smi."""
-    smi = proc.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        done = proc.run([smi, f"--query-gpu={fields}", "--format=csv,noheader"], timeout=30)
-    except EnvironmentProblem:
-        return []
-    if done.returncode != 0:
-        return []
-    return [[p.strip() for p in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
-
-
-def local_gpu_archs() -> list[str]:
-    """Compute capabilities of the local GPUs as CMake architectures ('9.0' -> '90')."""
-    archs = []
-    for (cap, *_) in query_gpus("compute_cap"):
-        m = re.match(r"^(\d+)\.(\d+)$", cap)
-        if m:
-            archs.append(f"{m.group(1)}{m.group(2)}")
-    return sorted(set(archs))
-
-
-def toolchain(cuda: bool) -> dict:
-    cc, cxx = _compiler("CC", "cc"), _compiler("CXX", "c++")
-    if cxx is None or cc is None:
-        raise EnvironmentProblem("no C/C++ compiler found (cc, c++ or $CC, $CXX)",
-                                 hint="install one, e.g. apt-get install build-essential")
-    info = {"cc": cc, "cc_version": cmake.tool_version(cc), "cxx": cxx, "cxx_version": cmake.tool_version(cxx),
-            "cmake_version": cmake.tool_version(cmake.find_cmake())}
-    if cuda:
-        nvcc = find_nvcc()
-        if nvcc is None:
-            raise EnvironmentProblem("--cuda needs nvcc, and none was found (PATH, $CUDACXX, /usr/local/cuda/bin)",
-                                     hint="install the CUDA toolkit or set CUDACXX")
-        if find_cublas(nvcc) is None:
-            raise EnvironmentProblem(f"--cuda needs cuBLAS (libcublas.so), and the CUDA toolkit of {nvcc} has none",
-                                     hint="install the toolkit's cuBLAS (e.g. apt-get install libcublas-dev-13-0)")
-        info["nvcc"] = nvcc
-        info["nvcc_version"] = cmake.tool_version(nvcc, lines=2)
-    return info
-
-
 def ccache_env(project_root: Path, toolchain_info: dict) -> dict[str, str]:
     """Environment for ccache, or {} when it is not installed.
 
@@ -215,7 +141,7 @@ def ccache_env(project_root: Path, toolchain_info: dict) -> dict[str, str]:
     source tree and every build directory, so both the source paths and the generated
     include paths under build/<key>/ become relative and identical across keys.
     """
-    if proc.which("ccache") is None:
+    if toolchain.find_ccache() is None:
         return {}
     digest = sha256_bytes(json.dumps(toolchain_info, sort_keys=True).encode())[:12]
     return {"CCACHE_BASEDIR": str(project_root), "CCACHE_NAMESPACE": f"polyforge-{digest}"}
@@ -258,13 +184,19 @@ def chain_digest(applied: list[tuple[str, str]]) -> str:
 
 def plan(chain, options: BuildOptions) -> Plan:
     """Everything the build will do, computed from the chain and options; runs nothing but
-    version probes and a snapshot of the live tree."""
+    version probes and a snapshot of the live tree. Holds the project lock meanwhile, so the
+    applied chain and the live tree it records are one state, not a tree half moved."""
+    with chain.locked():
+        return _plan(chain, options)
+
+
+def _plan(chain, options: BuildOptions) -> Plan:
     tree = chain.tree
     tree.require()
     project = chain.project
     source = tree.path
     applied = [(a.name, a.sha256) for a in tree.applied()]
-    tools = toolchain(options.cuda)
+    tools = toolchain.describe(options.cuda)
     notes: list[str] = []
     defines = dict(options.defines)
     cache_args = [f"-DCMAKE_BUILD_TYPE={options.build_type}", "-DBUILD_SHARED_LIBS=ON", *OFFLINE_ARGS,
@@ -273,7 +205,7 @@ def plan(chain, options: BuildOptions) -> Plan:
     if options.cuda:
         archs = list(options.archs)
         if not archs:
-            archs = local_gpu_archs()
+            archs = toolchain.local_gpu_archs()
             if not archs:
                 raise EnvironmentProblem("--cuda: no GPU found to take the compute capability from",
                                          hint="pass --arch, e.g. --arch 90 for an H100/H200")
@@ -297,7 +229,7 @@ def plan(chain, options: BuildOptions) -> Plan:
     if env:
         launchers = ["C", "CXX"] + (["CUDA"] if options.cuda else [])
         cache_args.append("-DGGML_CCACHE=OFF")  # ggml's own launcher would bypass our env
-        cache_args += [f"-DCMAKE_{lang}_COMPILER_LAUNCHER={proc.which('ccache')}" for lang in launchers]
+        cache_args += [f"-DCMAKE_{lang}_COMPILER_LAUNCHER={toolchain.find_ccache()}" for lang in launchers]
     else:
         cache_args.append("-DGGML_CCACHE=OFF")
         notes.append("ccache not installed: every fresh key compiles from scratch")
@@ -316,19 +248,95 @@ def plan(chain, options: BuildOptions) -> Plan:
                 options.jobs, env, tree.snapshot(), notes)
 
 
+# -- the manifest --------------------------------------------------------------------------
+@dataclass
+class Artifact:
+    """A shared library or executable under build/<key>/bin/."""
+    name: str
+    path: str  # relative to the build directory
+    kind: str  # "library" or "binary"
+    size: int
+    sha256: str
+    links: list[str]  # the symlinks to it in bin/ (libllama.so, libllama.so.0)
+    mtime_ns: int  # with size: an unchanged file keeps its hash without rehashing
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_dict(data: dict) -> "Artifact":
+        return Artifact(data["name"], data["path"], data["kind"], data["size"], data["sha256"],
+                        list(data.get("links", [])), data.get("mtime_ns", 0))
+
+
+@dataclass
+class Manifest:
+    """build/<key>/manifest.json: what a finished build was built from and what it made."""
+    key: str
+    build_dir: Path
+    inputs: dict  # what the key digests: baseline_tree, chain [{name, sha256}], chain_digest, options, toolchain
+    cache_args: list[str]
+    live_tree: str | None  # the tree built, live edits included
+    targets: list[str]  # every target built in this directory so far
+    built_at: str | None
+    log: str | None
+    configure_log: str | None
+    artifacts: list[Artifact]
+
+    @property
+    def cuda(self) -> bool:
+        return bool((self.inputs.get("options") or {}).get("cuda"))
+
+    def binary(self, name: str) -> Path:
+        """bin/NAME of this build, or a clear error when it was not built."""
+        path = self.build_dir / "bin" / name
+        if not path.is_file():
+            raise BadInput(f"build {self.key} has no {name}", hint=f"polyforge build --target {name}")
+        return path
+
+    def as_dict(self) -> dict:
+        return {"key": self.key, "build_dir": str(self.build_dir), "inputs": self.inputs,
+                "cache_args": self.cache_args, "live_tree": self.live_tree, "targets": self.targets,
+                "built_at": self.built_at, "log": self.log, "configure_log": self.configure_log,
+                "artifacts": [a.as_dict() for a in self.artifacts]}
+
+    @staticmethod
+    def from_dict(data: dict) -> "Manifest":
+        return Manifest(data["key"], Path(data["build_dir"]), data.get("inputs") or {}, list(data.get("cache_args", [])),
+                        data.get("live_tree"), list(data.get("targets", [])), data.get("built_at"), data.get("log"),
+                        data.get("configure_log"), [Artifact.from_dict(a) for a in data.get("artifacts", [])])
+
+
+def read_manifest(build_dir: Path) -> Manifest | None:
+    """The build's manifest; None for a build that never finished (or a manifest that is not one)."""
+    try:
+        return Manifest.from_dict(json.loads((build_dir / MANIFEST).read_text()))
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return None
+
+
 # -- running it ----------------------------------------------------------------------------
 @dataclass
 class BuildResult:
     plan: Plan
-    manifest: dict
+    manifest: Manifest
     configured: bool
     seconds: float
 
 
-def _artifacts(bin_dir: Path, previous: dict[str, dict]) -> list[dict]:
+def build(chain, options: BuildOptions, *, on_plan: Callable[[Plan], None] | None = None,
+          on_progress: Callable[[int, int, str], None] | None = None) -> BuildResult:
+    """Plan (under the project lock), then run: what build, gate, bench and up all do."""
+    planned = plan(chain, options)
+    if on_plan is not None:
+        on_plan(planned)
+    return run(planned, on_progress=on_progress)
+
+
+def _artifacts(bin_dir: Path, previous: dict[str, Artifact]) -> list[Artifact]:
     """Every shared library and executable under bin/, with sha256 and size (a file whose
     size and mtime match the previous manifest keeps its hash: no-op rebuilds stay fast)."""
-    found: list[dict] = []
+    found: list[Artifact] = []
     if not bin_dir.is_dir():
         return found
     links: dict[str, list[str]] = {}  # libllama.so -> libllama.so.0 -> libllama.so.0.5.0
@@ -343,21 +351,13 @@ def _artifacts(bin_dir: Path, previous: dict[str, dict]) -> list[dict]:
             continue
         st = path.stat()
         old = previous.get(path.name)
-        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
-            digest = old["sha256"]
+        if old and old.size == st.st_size and old.mtime_ns == st.st_mtime_ns:
+            digest = old.sha256
         else:
             digest = sha256_file(path)
-        found.append({"name": path.name, "path": str(path.relative_to(bin_dir.parent)),
-                      "kind": "library" if is_lib else "binary", "size": st.st_size, "sha256": digest,
-                      "links": sorted(links.get(path.name, [])), "mtime_ns": st.st_mtime_ns})
+        found.append(Artifact(path.name, str(path.relative_to(bin_dir.parent)), "library" if is_lib else "binary",
+                              st.st_size, digest, sorted(links.get(path.name, [])), st.st_mtime_ns))
     return found
-
-
-def read_manifest(build_dir: Path) -> dict | None:
-    try:
-        return json.loads((build_dir / MANIFEST).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
@@ -396,21 +396,14 @@ def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
                              on_line=line_seen)
         if status != 0:
             _fail("build failed", log)
-        previous = {a["name"]: a for a in (read_manifest(build_dir) or {}).get("artifacts", [])}
-        old_targets = (read_manifest(build_dir) or {}).get("targets", [])
-        manifest = {
-            "key": plan_.key,
-            "build_dir": str(build_dir),
-            "inputs": plan_.inputs,
-            "cache_args": plan_.cache_args,
-            "live_tree": plan_.live_tree,
-            "targets": sorted(set(old_targets) | set(plan_.targets)),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "log": str(log),
-            "configure_log": str(build_dir / CONFIGURE_LOG),
-            "artifacts": _artifacts(build_dir / "bin", previous),
-        }
-        write_text_atomic(build_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+        old = read_manifest(build_dir)
+        previous = {a.name: a for a in old.artifacts} if old else {}
+        manifest = Manifest(
+            key=plan_.key, build_dir=build_dir, inputs=plan_.inputs, cache_args=plan_.cache_args,
+            live_tree=plan_.live_tree, targets=sorted(set(old.targets if old else []) | set(plan_.targets)),
+            built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), log=str(log),
+            configure_log=str(build_dir / CONFIGURE_LOG), artifacts=_artifacts(build_dir / "bin", previous))
+        write_text_atomic(build_dir / MANIFEST, json.dumps(manifest.as_dict(), indent=2) + "\n")
     return BuildResult(plan_, manifest, configured, time.monotonic() - started)
 
 
@@ -432,16 +425,16 @@ def list_builds(build_root: Path) -> list[dict]:
             state = "configured, not built" if (folder / _CONFIGURED).is_file() else "incomplete"
             rows.append({"key": folder.name, "state": state, "build_dir": str(folder)})
             continue
-        inputs = manifest.get("inputs", {})
-        rows.append({"key": manifest["key"], "state": "built", "build_dir": str(folder),
-                     "built_at": manifest.get("built_at"), "options": inputs.get("options"),
+        inputs = manifest.inputs
+        rows.append({"key": manifest.key, "state": "built", "build_dir": str(folder),
+                     "built_at": manifest.built_at, "options": inputs.get("options"),
                      "chain": [c["name"] for c in inputs.get("chain", [])],
-                     "baseline_tree": inputs.get("baseline_tree"), "live_tree": manifest.get("live_tree"),
-                     "artifacts": len(manifest.get("artifacts", []))})
+                     "baseline_tree": inputs.get("baseline_tree"), "live_tree": manifest.live_tree,
+                     "artifacts": len(manifest.artifacts)})
     return rows
 
 
-def find_build(build_root: Path, key: str) -> dict:
+def find_build(build_root: Path, key: str) -> Manifest:
     """The manifest of a finished build by key (or unique key prefix)."""
     matches = [f for f in build_root.iterdir() if f.is_dir() and f.name.startswith(key)] if build_root.is_dir() else []
     if len(matches) != 1:
@@ -451,11 +444,3 @@ def find_build(build_root: Path, key: str) -> dict:
     if manifest is None:
         raise BadInput(f"--build {key}: that build never finished", hint="run polyforge build again")
     return manifest
-
-
-def binary(manifest: dict, name: str) -> Path:
-    path = Path(manifest["build_dir"]) / "bin" / name
-    if not path.is_file():
-        raise BadInput(f"build {manifest['key']} has no {name}",
-                       hint=f"polyforge build --target {name}")
-    return path

@@ -11,10 +11,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import build as build_lib
-from . import cmake, proc
-from .errors import EnvironmentProblem
+from . import cmake, toolchain
+from .errors import BadInput, EnvironmentProblem
 from .gates import GATE_MODULES
+from .project import find_project
 
 MIN_FREE_GIB = 10.0
 
@@ -29,6 +29,29 @@ class Check:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        """Every required check passed (nvcc, the GPU and ccache are wanted, not required)."""
+        return all(c.ok for c in self.checks if c.required)
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "checks": [c.as_dict() for c in self.checks]}
+
+
+def diagnose() -> Report:
+    """The checks, the disk's at this project's build/ (or the current folder: doctor also runs
+    outside a project)."""
+    try:
+        disk_path = find_project().build_root
+    except BadInput:
+        disk_path = Path.cwd()
+    return Report(checks(disk_path))
 
 
 def _tool(name: str, finder, fix: str) -> Check:
@@ -51,16 +74,16 @@ def checks(disk_path: Path) -> list[Check]:
     out.append(_tool("cmake", cmake.find_cmake, "pip install cmake"))
     out.append(_tool("ninja", cmake.find_ninja, "pip install ninja"))
     for var, default, label in (("CXX", "c++", "c++ compiler"), ("CC", "cc", "c compiler")):
-        path = build_lib._compiler(var, default)
+        path = toolchain.find_compiler(var, default)
         version = cmake.tool_version(path) if path else None
         out.append(Check(label, version is not None, f"{version} ({path})" if version else "not found",
                          None if version else "apt-get install build-essential (or set $CXX/$CC)"))
-    nvcc = build_lib.find_nvcc()
+    nvcc = toolchain.find_nvcc()
     nvcc_version = cmake.tool_version(nvcc, lines=2) if nvcc else None
     out.append(Check("nvcc", nvcc_version is not None, f"{nvcc_version} ({nvcc})" if nvcc_version else "not found",
                      None if nvcc_version else "install the CUDA toolkit or set CUDACXX (needed for --cuda only)",
                      required=False))
-    cublas = build_lib.find_cublas(nvcc) if nvcc else None
+    cublas = toolchain.find_cublas(nvcc) if nvcc else None
     out.append(Check("cublas", cublas is not None, cublas or ("not found next to nvcc" if nvcc else "no CUDA toolkit"),
                      None if cublas else "install the CUDA toolkit's cuBLAS, e.g. libcublas-dev-13-0 (needed for --cuda only)",
                      required=False))
@@ -68,7 +91,7 @@ def checks(disk_path: Path) -> list[Check]:
     out.append(Check("gpu", bool(gpus), "; ".join(gpus) if gpus else "no NVIDIA GPU visible (nvidia-smi)",
                      None if gpus else "without one, --cuda builds need --arch (and gates run on the CPU)",
                      required=False))
-    ccache = proc.which("ccache")
+    ccache = toolchain.find_ccache()
     ccache_version = cmake.tool_version(ccache) if ccache else None
     out.append(Check("ccache", ccache_version is not None, f"{ccache_version} ({ccache})" if ccache_version else "not found",
                      None if ccache_version else "apt-get install ccache (rebuilds of a new key get much faster)",
@@ -95,7 +118,7 @@ def _gate_module(module: str, dist: str) -> Check:
 
 def _gpus() -> list[str]:
     rows = []
-    for parts in build_lib.query_gpus("name,compute_cap,memory.total"):
+    for parts in toolchain.query_gpus("name,compute_cap,memory.total"):
         if len(parts) >= 2:
             rows.append(f"{parts[0]} (compute capability {parts[1]}" + (f", {parts[2]})" if len(parts) > 2 else ")"))
     return rows

@@ -32,3 +32,8 @@ class EnvironmentProblem(PolyforgeError):
     """Something outside polyforge's inputs is missing or busy (exit 3)."""
 
     exit_code = 3
+
+
+class TimedOut(EnvironmentProblem):
+    """A command ran past its time limit (proc.run's timeout); callers that treat a hang as a
+    failure of what they test, not of the machine, catch this type."""

@@ -1,14 +1,16 @@
-"""The orchestration above the engine: a gate with its build and models, and `up`, the whole
-pipeline: fetch -> apply -> verify-patches -> build -> gates, stopping at the first failure.
+"""The orchestration above the engine: a gate or a bench with its build and models, and `up`,
+the whole pipeline: fetch -> apply -> verify-patches -> build -> gates, stopping at the first
+failure. Each takes the project lock where it touches the vendored tree (build_lib.plan does).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from . import bench as bench_lib
 from . import build as build_lib
 from . import models as models_lib
 from . import vendor as vendor_lib
@@ -26,9 +28,8 @@ def _quiet(message: str) -> None:
 
 
 def default_build(chain: Chain, options: build_lib.BuildOptions) -> build_lib.BuildResult:
-    with chain.locked():
-        plan = build_lib.plan(chain, options)
-    return build_lib.run(plan)
+    """A build with no progress shown (the CLI passes one that shows it)."""
+    return build_lib.build(chain, options)
 
 
 def gate_options(gate: runner.Gate, options: build_lib.BuildOptions) -> build_lib.BuildOptions:
@@ -39,16 +40,16 @@ def gate_options(gate: runner.Gate, options: build_lib.BuildOptions) -> build_li
 
 
 def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None = None, build_key: str | None = None,
-             log: Log = _quiet, build_fn: BuildFn = default_build, find_links: Path | None = None) -> dict:
+             log: Log = _quiet, build_fn: BuildFn = default_build, find_links: Path | None = None) -> runner.Verdict:
     """Build (incrementally, or take --build KEY as it is), fetch models, run, judge."""
     project = chain.project
     gate = runner.find(project.gates_dir, name)
     options = options or build_lib.BuildOptions()
     if build_key is not None:
         manifest = build_lib.find_build(project.build_root, build_key)
-        cuda = bool(manifest["inputs"]["options"].get("cuda"))
+        cuda = manifest.cuda
         for target in gate.build.targets:
-            build_lib.binary(manifest, target)  # present, or a clear error
+            manifest.binary(target)  # present, or a clear error
     else:
         cuda = options.cuda
         if not gate.applies_to(cuda):
@@ -57,20 +58,38 @@ def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None 
         log(f"gate {name}: building {' '.join(gate.build.targets) or 'the default targets'}")
         manifest = build_fn(chain, gate_options(gate, options)).manifest
     if not gate.applies_to(cuda):
-        raise BadInput(f"gate {name} needs a {gate.build.requires} build; build {manifest['key']} is not one")
+        raise BadInput(f"gate {name} needs a {gate.build.requires} build; build {manifest.key} is not one")
     paths = {}
     for model in gate.models:
         fetched = models_lib.fetch(model, find_links=find_links, vendored_tree=chain.tree.path)
         log(f"model {model}: {'cached' if fetched.cached else 'fetched'} {fetched.path}")
         paths[model] = fetched.path
-    build_dir = Path(manifest["build_dir"])
+    build_dir = manifest.build_dir
     ctx = runner.GateContext(gate=gate, build_dir=build_dir, work_dir=build_dir / "gates" / name,
                              gates_dir=project.gates_dir, project_root=project.root, models=paths, log=log,
                              env=dict(gate.env))
-    verdict = runner.run_gate(ctx)
-    verdict["build"] = manifest["key"]
-    verdict["live_tree"] = manifest.get("live_tree")
-    return verdict
+    return replace(runner.run_gate(ctx), build=manifest.key, live_tree=manifest.live_tree)
+
+
+# -- bench ---------------------------------------------------------------------------------
+def run_bench(chain: Chain, spec: bench_lib.BenchSpec, *, model: str, options: build_lib.BuildOptions | None = None,
+              build_key: str | None = None, out_dir: Path | None = None, log: Log = _quiet,
+              build_fn: BuildFn = default_build, find_links: Path | None = None) -> bench_lib.BenchResult:
+    """Build llama-bench (incrementally, or take --build KEY as it is), fetch the model, run the
+    matrix into out_dir (default build/KEY/bench/TIME)."""
+    project = chain.project
+    if build_key is not None:
+        manifest = build_lib.find_build(project.build_root, build_key)
+    else:
+        options = options or build_lib.BuildOptions()
+        manifest = build_fn(chain, replace(options, targets=("llama-bench",))).manifest
+    exe = manifest.binary("llama-bench")
+    fetched = models_lib.fetch(model, find_links=find_links, vendored_tree=chain.tree.path)
+    log(f"model {model}: {'cached' if fetched.cached else 'fetched'} {fetched.path}")
+    out_dir = out_dir or manifest.build_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    result = bench_lib.run(exe, fetched.path, spec, out_dir, log=log)
+    result.build = manifest.key
+    return result
 
 
 # -- up ------------------------------------------------------------------------------------
@@ -118,14 +137,15 @@ def up(chain: Chain, *, options: build_lib.BuildOptions, gates: list[str] | None
     names = selected_gates(chain, gates, options.cuda) if run_gates else []  # bad names fail before any work
     steps: list[Step] = []
 
-    def step(name: str, action: Callable[[], tuple[bool, dict, str | None]]) -> bool:
+    def step(name: str, action: Callable[[], tuple[int, dict, str | None]]) -> bool:
+        """action() -> (exit code: 0 when the step passed, detail, error)."""
         started = time.monotonic()
         log(f"== {name}")
         try:
-            ok, detail, error = action()
-            code = 0 if ok else detail.pop("_exit_code", VerificationFailed.exit_code)
+            code, detail, error = action()
         except PolyforgeError as exc:
-            ok, detail, error, code = False, {}, exc.message, exc.exit_code
+            code, detail, error = exc.exit_code, {}, exc.message
+        ok = code == 0
         result = Step(name, ok, time.monotonic() - started, detail, error, code)
         steps.append(result)
         if on_step is not None:
@@ -135,34 +155,32 @@ def up(chain: Chain, *, options: build_lib.BuildOptions, gates: list[str] | None
     def do_fetch():
         with chain.locked():
             fetched = vendor_lib.fetch(chain, source=source, force=False)
-        return True, {"tree": fetched.tree, "already": fetched.already}, None
+        return 0, {"tree": fetched.tree, "already": fetched.already}, None
 
     def do_apply():
         with chain.locked():
             report = chain.apply(to=None)
-        return True, {"applied": [r["name"] for r in report if r["status"] == "applied"],
-                      "already": [r["name"] for r in report if r["status"] != "applied"]}, None
+        return 0, {"applied": [r["name"] for r in report if r["status"] == "applied"],
+                   "already": [r["name"] for r in report if r["status"] != "applied"]}, None
 
     def do_verify():
         with chain.locked():
             proof = verify_lib.verify(chain)
         problems = proof.problems + [f"{p.name}: {q}" for p in proof.patches for q in p.problems]
-        return proof.ok, {"patches": len(proof.patches)}, (problems[0] if problems else None)
+        code = 0 if proof.ok else VerificationFailed.exit_code
+        return code, {"patches": len(proof.patches)}, (problems[0] if problems else None)
 
     def do_build():
         result = build_fn(chain, options)
-        return True, {"key": result.plan.key, "configured": result.configured,
-                      "build_seconds": round(result.seconds, 2)}, None
+        return 0, {"key": result.plan.key, "configured": result.configured,
+                   "build_seconds": round(result.seconds, 2)}, None
 
     def gate_action(name: str):
         def action():
             verdict = run_gate(chain, name, options=options, log=log, build_fn=build_fn, find_links=find_links)
-            failing = [e for e, r in verdict["thresholds"].items() if not r["ok"]]
-            error = verdict.get("error") or (f"threshold failed: {failing[0]}" if failing else None)
-            detail = {"verdict": verdict}
-            if "exit_code" in verdict:
-                detail["_exit_code"] = verdict["exit_code"]
-            return verdict["ok"], detail, error
+            failing = [e for e, r in verdict.thresholds.items() if not r["ok"]]
+            error = verdict.error or (f"threshold failed: {failing[0]}" if failing else None)
+            return verdict.exit_code, {"verdict": verdict.as_dict()}, error
         return action
 
     plan = [("fetch", do_fetch), ("apply", do_apply), ("verify-patches", do_verify), ("build", do_build)]

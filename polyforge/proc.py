@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from .errors import EnvironmentProblem
+from .errors import EnvironmentProblem, TimedOut
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,11 @@ def run(
     input: str | None = None,
     timeout: float | None = None,
 ) -> Completed:
-    """Run a command to completion and capture its text output; never raises on exit status."""
+    """Run a command to completion and capture its text output; never raises on exit status.
+
+    Raises TimedOut past `timeout` (the child is killed), EnvironmentProblem when the program
+    is not found.
+    """
     argv = [os.fspath(a) for a in args]
     full_env = None if env is None else {**os.environ, **env}
     try:
@@ -50,7 +54,7 @@ def run(
     except FileNotFoundError as exc:
         raise EnvironmentProblem(f"cannot run {argv[0]}: not found") from exc
     except subprocess.TimeoutExpired as exc:
-        raise EnvironmentProblem(f"{argv[0]} did not finish within {timeout:.0f} s") from exc
+        raise TimedOut(f"{argv[0]} did not finish within {timeout:.0f} s") from exc
     return Completed(argv, done.returncode, done.stdout, done.stderr)
 
 
@@ -183,6 +187,15 @@ class Background:
     def exit_status(self) -> int | None:
         """None while it runs."""
         return None if self.child is None else self.child.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit status if it exits within timeout (a server expected to refuse its input),
+        else None."""
+        assert self.child is not None
+        try:
+            return self.child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stop(self, grace: float = 10.0) -> None:
         import signal

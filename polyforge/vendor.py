@@ -1,9 +1,10 @@
-"""`polyforge vendor`: materialise the pinned baseline, report on it, pack it for carrying.
+"""Fetching the pinned baseline into the vendored repository (vendored.py), and packing it.
 
-fetch: extract a source into a fresh folder beside vendor/llama.cpp, prove its tree id
-against the pin (the full tree) or chain.lock (the pruned baseline the chain needs, which
-keeps the files the chain touches inside the pin's pack.prune folders), make it the vendored
-repository, and only then swap it in. An existing tree with live edits is never
+The library of `polyforge vendor` (fetch, status, pack); where a source's files come from
+is source.py. fetch: fill a fresh folder beside vendor/llama.cpp from a source, prove its
+tree id against the pin (the full tree) or chain.lock (the pruned baseline the chain needs,
+which keeps the files the chain touches inside the pin's pack.prune folders), make it the
+vendored repository, and only then swap it in. An existing tree with live edits is never
 overwritten: --force moves it into vendor/backups/ and says where.
 """
 
@@ -21,7 +22,7 @@ from .errors import BadInput, EnvironmentProblem, PolyforgeError, VerificationFa
 from .filelock import FileLock
 from .hashing import sha256_file
 from .project import cache_dir
-from .source import adhoc_source, materialise
+from .source import source_from_argument
 from .vendored import BASELINE_TAG, BRANCH, VendoredTree
 
 
@@ -53,9 +54,9 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
         candidates = list(pin.sources)
     else:
         try:
-            candidates = [pin.source(source)]
-        except BadInput:
-            candidates = [adhoc_source(Path(source).expanduser().resolve())]
+            candidates = [source_from_argument(source, pin.sources)]
+        except BadInput as exc:
+            raise BadInput(f"--source {exc.message}") from None
     pack_base = chain.pack_base()
     if tree.exists() and not force:
         base = tree.baseline_tree()
@@ -74,7 +75,8 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
     for candidate in candidates:
         incoming = _incoming(project.vendor_dir)
         try:
-            detail = materialise(candidate, pin, incoming, skip=set())
+            candidate.materialize(cache_dir(), incoming)
+            detail = candidate.spelling
             fresh = VendoredTree.initialise(incoming)
             got = fresh.snapshot()
             message = f"llama.cpp {pin.release} ({pin.commit[:12]}) from {candidate.name}"

@@ -1,5 +1,7 @@
-"""The vendored llama.cpp tree: a git repository whose first commit is the pinned baseline
-and whose later commits are the applied patches, one commit each, in chain order.
+"""The vendored git repository (vendor/llama.cpp): reading and committing in it; vendor.py fills it.
+
+Its first commit is the pinned baseline and its later commits are the applied patches, one
+commit each, in chain order.
 
 Its working tree is the "live tree". Its content id is a git tree id computed over every
 file and mode, except the build outputs in EXCLUDED_PATHS, so two ids compare trees byte

@@ -18,7 +18,7 @@ Method:
      vocab 262144, tied LM head (token_embd);
    - draft-centroid.gguf: the same weights plus masked_embd_centroids [n_embd, 2048],
      masked_embd_ordering (I32, a random permutation of the vocab) and centroid_top_k = 32.
-   The vocab is byte-level (the 'gemma4' tokenizer model, as scripts/train_mtp_fixture.py
+   The vocab is byte-level (the 'gemma4' tokenizer model, as gates/mtp/train_mtp_fixture.py
    writes it) padded with unused tokens to 262144.
 2. Start one llama-server per head with the target and `-md DRAFT --spec-type draft-mtp
    --spec-draft-n-max N --spec-draft-p-min 0 -lv 4 -c 4096 -fa on -ngl X -ngld X -np 1` (and one
@@ -48,8 +48,8 @@ than free cores the OpenMP barriers spin (70 % of a perf profile in libgomp at -
 Output: a table on stdout (dense ms/step, centroid ms/step, dense/centroid), or with --json one
 JSON object on stdout (the table then goes to stderr). Logs on stderr; server logs in --work.
 
-Needs python3 + numpy + gguf-py only (pass --gguf-py VENDOR/llama.cpp/gguf-py; a stub stands
-in for PyYAML, which gguf-py imports but the writer does not use):
+Runs in the environment polyforge is installed in (its llama-server harness, numpy); pass the
+vendored tree's gguf-py with --gguf-py:
   bench_mtp_head.py --server build/bin/llama-server --gguf-py vendor/llama.cpp/gguf-py \\
       --work /tmp/mtp-head-bench [--ngl 0|99] [--threads N] [--json]
 """
@@ -63,12 +63,13 @@ import re
 import statistics
 import sys
 import time
-import types
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama_server import Server, log  # noqa: E402
+from polyforge.gates.server import LlamaServer, program_log
+
+# the MTP fixture's byte-level vocabulary, padded to the E2B vocab size
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "gates", "mtp"))
 from mtp_vocab import add_vocab, write_file  # noqa: E402
 
 # -------------------------------------------------------------------------- shapes ----
@@ -100,11 +101,6 @@ STATS_RE = re.compile(
 def import_gguf(path):
     if path:
         sys.path.insert(0, path)
-    try:
-        import yaml  # noqa: F401
-    except ImportError:
-        # gguf/metadata.py imports yaml at module level; only model-card parsing uses it
-        sys.modules["yaml"] = types.ModuleType("yaml")
     import gguf
     return gguf
 
@@ -266,7 +262,7 @@ def parse_stats(text):
 def completion(server, n_predict):
     body = {"prompt": PROMPT, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": 0,
             "ignore_eos": True, "cache_prompt": False}
-    st, r = server.post("/completion", body, timeout=1800)
+    st, r = server.post_json("/completion", body, timeout=1800)
     if st != 200:
         raise RuntimeError(f"/completion: HTTP {st}: {r}")
     return r
@@ -287,9 +283,7 @@ def start_server(args, paths, head):
         common += ["-t", str(args.threads)]
     extra = ["-md", paths[head], "--spec-type", "draft-mtp", "--spec-draft-n-max", str(args.n_max),
              "--spec-draft-p-min", "0", "-ngld", str(args.ngl)] if head != "target" else []
-    srv = Server(args.server, paths["target"], common + extra, args.work, f"bench-{head}")
-    srv.wait_ready(args.ready_timeout)
-    return srv
+    return LlamaServer(args.server, paths["target"], common + extra, os.path.join(args.work, f"bench-{head}.log"))
 
 
 class HeadRun:
@@ -330,7 +324,7 @@ class HeadRun:
                 self.draft_acc += int(t.get("draft_n_accepted", 0))
         if measured:
             self.decode_ms.append(float(t.get("predicted_per_token_ms", float("nan"))))
-        log(f"{self.head} request {k}{'' if measured else ' (warm-up)'}: {t.get('predicted_n')} tokens, "
+        program_log(f"{self.head} request {k}{'' if measured else ' (warm-up)'}: {t.get('predicted_n')} tokens, "
             f"{t.get('predicted_per_token_ms', 0):.2f} ms/token{msg}")
 
     def result(self):
@@ -338,7 +332,7 @@ class HeadRun:
         if self.head != "target":
             res.update({"ms_per_step": summary(self.per_step), "ms_per_gen_token": summary(self.per_tok),
                         "steps_per_request": self.n_steps, "draft_n": self.draft_n,
-                        "draft_n_accepted": self.draft_acc, "log": self.srv.log_path})
+                        "draft_n_accepted": self.draft_acc, "log": str(self.srv.log_path)})
         return res
 
 
@@ -350,6 +344,8 @@ def run_all(args, paths, heads):
         for head in heads:
             srv = start_server(args, paths, head)
             servers.append(srv)
+            srv.start()
+            srv.wait_healthy(args.ready_timeout)
             runs[head] = HeadRun(args, srv, head)
         for k in range(args.warmup + args.reps):
             for head in heads:
@@ -408,16 +404,16 @@ def main():
     if args.regen or not have:
         if os.path.exists(spec_path):
             os.remove(spec_path)
-        log(f"writing random GGUFs to {args.work} (seed {args.seed})")
+        program_log(f"writing random GGUFs to {args.work} (seed {args.seed})")
         t0 = time.time()
         paths = generate(args.work, spec, args.gguf_py)
         gen_s = time.time() - t0
         with open(spec_path, "w") as f:
             json.dump(spec, f, indent=1)
-        log(f"generation took {gen_s:.1f} s: " + ", ".join(
+        program_log(f"generation took {gen_s:.1f} s: " + ", ".join(
             f"{os.path.basename(p)} {os.path.getsize(p) / 2**20:.0f} MiB" for p in paths.values()))
     else:
-        log(f"reusing the GGUFs in {args.work}")
+        program_log(f"reusing the GGUFs in {args.work}")
 
     load_before = load_note()
     heads = ["dense", "centroid"] + ([] if args.no_baseline else ["target"])

@@ -80,7 +80,7 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def real_build() -> dict:
+def real_build():
     """The real CPU build of the vendored tree (slow tests): `polyforge up --no-gates`
     (fetch, apply, verify-patches, build of the default targets), reused by key."""
     from conftest import ROOT

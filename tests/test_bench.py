@@ -63,15 +63,21 @@ def test_matrix_ratios_markdown_and_plot(tmp_path):
     calls = (tmp_path / "llama-bench.calls").read_text().splitlines()
     assert len(calls) == 6  # 3 KV pairs x 2 flag sets, each with the whole depth list
     assert all("-d 0,1000" in c and "-r 2" in c and "-o json" in c for c in calls)
-    rows = result["rows"]
+    rows = result.rows
     assert len(rows) == 3 * 2 * 2 * 2  # kv x flags x depth x (pp, tg)
-    row = lambda kv, flags, test, depth: next(r for r in rows if (r["kv"], r["flags"], r["test"], r["depth"]) == (kv, flags, test, depth))  # noqa: E731
-    assert row("f16/f16", "-fa 0", "tg16", 0)["ratio"] == 1.0
-    assert row("q8_0/q8_0", "-fa 1", "tg16", 1000)["ratio"] == pytest.approx(0.9)
-    assert row("q4_0/q4_0", "-fa 0", "pp64", 0)["ratio"] == pytest.approx(0.8)
-    assert row("q8_0/q8_0", "-fa 1", "tg16", 0)["avg_ts"] == pytest.approx(135.0)
+    row = lambda kv, flags, test, depth: next(r for r in rows if (r.kv, r.flags, r.test, r.depth) == (kv, flags, test, depth))  # noqa: E731
+    assert row("f16/f16", "-fa 0", "tg16", 0).ratio == 1.0
+    assert row("q8_0/q8_0", "-fa 1", "tg16", 1000).ratio == pytest.approx(0.9)
+    assert row("q4_0/q4_0", "-fa 0", "pp64", 0).ratio == pytest.approx(0.8)
+    assert row("q8_0/q8_0", "-fa 1", "tg16", 0).avg_ts == pytest.approx(135.0)
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert saved["rows"] == rows and saved["reference"] == "f16/f16"
+    assert saved["rows"] == [r.as_dict() for r in rows] and saved["reference"] == "f16/f16"
+    # bench.json: the result before its files were written; no roofline keys without --bandwidth
+    assert list(saved) == ["reference", "bandwidth_gbps", "spec", "model", "rows", "seconds"]
+    assert list(saved["rows"][0]) == ["kv", "flags", "test", "depth", "avg_ts", "stddev_ts", "samples", "n_gen",
+                                      "model_size", "ratio"]
+    assert bench.BenchResult.from_dict(saved).as_dict() == saved
+    assert set(result.files) == {"json", "markdown", "png"} and result.as_dict()["files"] == result.files
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "| q8_0/q8_0 | -fa 1 | tg16 | 1000 |" in md and "0.900" in md
     png = tmp_path / "out" / "decode_vs_depth.png"
@@ -140,13 +146,14 @@ def test_roofline_columns(tmp_path):
     _gguf(tmp_path / "m.gguf", LLAMA)
     result = bench.run(exe, tmp_path / "m.gguf", _spec(kv=["f16/f16,q8_0/q8_0"], n_prompt=0, bandwidth_gbps=4000),
                        tmp_path / "out")
-    row = next(r for r in result["rows"] if (r["kv"], r["depth"]) == ("q8_0/q8_0", 1000))
+    row = next(r for r in result.rows if (r.kv, r.depth) == ("q8_0/q8_0", 1000))
     nbytes = 2e9 + (1000 + 7.5) * 16 * 8 * 256 * 34 / 32  # weights + KV at the mean depth of tg16
-    assert row["bytes_per_token"] == round(nbytes)
-    assert row["roofline_ts"] == pytest.approx(4000e9 / nbytes, abs=0.1)
-    assert row["roofline_fraction"] == pytest.approx(row["avg_ts"] / row["roofline_ts"], abs=1e-4)
+    assert row.bytes_per_token == round(nbytes)
+    assert row.roofline_ts == pytest.approx(4000e9 / nbytes, abs=0.1)
+    assert row.roofline_fraction == pytest.approx(row.avg_ts / row.roofline_ts, abs=1e-4)
+    assert list(row.as_dict())[-3:] == ["bytes_per_token", "roofline_ts", "roofline_fraction"]
     md = (tmp_path / "out" / "bench.md").read_text()
-    assert "roofline at 4000 GB/s" in md and "| of roofline |" in md and f"{row['roofline_fraction']:.0%} |" in md
+    assert "roofline at 4000 GB/s" in md and "| of roofline |" in md and f"{row.roofline_fraction:.0%} |" in md
     with pytest.raises(BadInput, match="no size known for KV type q3_k"):  # refused before any run
         bench.run(exe, tmp_path / "m.gguf", _spec(kv=["q3_k/q3_k"], bandwidth_gbps=4000), tmp_path / "out2")
     assert not (tmp_path / "out2").exists()
@@ -165,7 +172,7 @@ def test_bench_cli_bad_input(proj):
 
 @pytest.mark.slow
 def test_real_bench(real_build, tmp_path):
-    done = run_pf("bench", "--build", real_build["key"], "--kv", "f16/f16,q8_0/q8_0", "--depth", "0,256", "-n", "8",
+    done = run_pf("bench", "--build", real_build.key, "--kv", "f16/f16,q8_0/q8_0", "--depth", "0,256", "-n", "8",
                   "-r", "2", "--out", str(tmp_path), "--json", cwd=ROOT, timeout=1800)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
@@ -179,7 +186,7 @@ def test_real_bench(real_build, tmp_path):
 @pytest.mark.slow
 def test_real_bench_roofline(real_build, tmp_path):
     """--bandwidth on a real run: the weights as llama-bench sizes them plus the KV bytes of the model's shape."""
-    done = run_pf("bench", "--build", real_build["key"], "-m", "random:tiny,n_layer=3", "--kv", "f16/f16,q8_0/turbo3",
+    done = run_pf("bench", "--build", real_build.key, "-m", "random:tiny,n_layer=3", "--kv", "f16/f16,q8_0/turbo3",
                   "--depth", "0,512", "-n", "4", "-r", "1", "--bandwidth", "50", "--out", str(tmp_path), "--json",
                   cwd=ROOT, timeout=1800)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -192,3 +199,17 @@ def test_real_bench_roofline(real_build, tmp_path):
     assert f16["bytes_per_token"] - turbo["bytes_per_token"] == pytest.approx(kv_f16 - kv_turbo, abs=1)
     assert 0 < f16["roofline_fraction"] == pytest.approx(f16["avg_ts"] / f16["roofline_ts"], abs=1e-3)
     assert "| of roofline |" in (tmp_path / "bench.md").read_text()
+
+
+def test_markdown_columns():
+    """The table comes from COLUMNS; the roofline's three only with --bandwidth."""
+    rows = [bench.BenchRow("f16/f16", "", "tg16", 0, 100.0, 1.5, 2, 16, 2_000_000_000, 1.0, 2_000_000_000, 50.0, 2.0),
+            bench.BenchRow("q8_0/q8_0", "-fa 1", "pp64", 0, 320.0, 1.5, 2, 0, 2_000_000_000, 0.8)]
+    md = bench.markdown(bench.BenchResult(_spec(bandwidth_gbps=100), "m.gguf", rows, 1.0))
+    assert md.splitlines()[2:] == [
+        "| kv | flags | test | depth | t/s | ± | ratio | GB/token | roofline t/s | of roofline |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| f16/f16 | - | tg16 | 0 | 100.00 | 1.50 | 1.000 | 2.00 | 50 | 200% |",
+        "| q8_0/q8_0 | -fa 1 | pp64 | 0 | 320.00 | 1.50 | 0.800 | - | - | - |"]
+    plain = bench.markdown(bench.BenchResult(_spec(), "m.gguf", rows, 1.0))
+    assert plain.splitlines()[2] == "| kv | flags | test | depth | t/s | ± | ratio |"

@@ -14,6 +14,7 @@ import pytest
 from buildkit import CMAKE_FILES, TINY_TARGETS, tiny_project
 from conftest import assert_clean_error, capture, run_cli
 from polyforge import build as build_lib
+from polyforge import toolchain
 from polyforge.errors import BadInput, EnvironmentProblem
 from polyforge.hashing import sha256_file
 
@@ -67,19 +68,19 @@ def test_key_is_stable_and_tracks_every_input(tiny, monkeypatch):
     assert patched.key != first.key
     assert [c["name"] for c in patched.inputs["chain"]] == ["0001-edit-cli.patch"]
     # the toolchain is part of the key
-    real = build_lib.toolchain
-    monkeypatch.setattr(build_lib, "toolchain", lambda cuda: {**real(cuda), "cxx_version": "g++ 99.0"})
+    real = toolchain.describe
+    monkeypatch.setattr(toolchain, "describe", lambda cuda: {**real(cuda), "cxx_version": "g++ 99.0"})
     assert _plan(tiny).key != patched.key
 
 
 def test_ccache_namespace_is_the_toolchain_only(tiny, monkeypatch):
-    monkeypatch.setattr(build_lib.proc, "which", lambda tool: "/usr/bin/ccache" if tool == "ccache" else None)
+    monkeypatch.setattr(toolchain, "find_ccache", lambda: "/usr/bin/ccache")
     tools = {"cc": "/usr/bin/gcc", "cxx_version": "g++ 12"}
     env = build_lib.ccache_env(tiny.root, tools)
     assert env["CCACHE_BASEDIR"] == str(tiny.root)
     assert env == build_lib.ccache_env(tiny.root, dict(tools))
     assert env["CCACHE_NAMESPACE"] != build_lib.ccache_env(tiny.root, {**tools, "cxx_version": "g++ 13"})["CCACHE_NAMESPACE"]
-    monkeypatch.setattr(build_lib.proc, "which", lambda tool: None)
+    monkeypatch.setattr(toolchain, "find_ccache", lambda: None)
     assert build_lib.ccache_env(tiny.root, tools) == {}
 
 
@@ -118,8 +119,8 @@ def test_amx_flags_beat_an_amx_march():
 # -- CUDA planning -------------------------------------------------------------------------
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    monkeypatch.setattr(build_lib, "find_nvcc", lambda: "/usr/bin/true")
-    monkeypatch.setattr(build_lib, "find_cublas", lambda nvcc: "/usr/lib/libcublas.so")
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: "/usr/bin/true")
+    monkeypatch.setattr(toolchain, "find_cublas", lambda nvcc: "/usr/lib/libcublas.so")
 
 
 def test_fa_quants_filtered_to_the_tree(tiny, fake_cuda):
@@ -154,17 +155,17 @@ def test_real_repo_declares_the_chain_pairs():
 
 
 def test_cuda_without_gpu_asks_for_arch(tiny, fake_cuda, monkeypatch):
-    monkeypatch.setattr(build_lib, "local_gpu_archs", lambda: [])
+    monkeypatch.setattr(toolchain, "local_gpu_archs", lambda: [])
     with pytest.raises(EnvironmentProblem, match="--cuda: no GPU") as info:
         _plan(tiny, cuda=True)
     assert "--arch" in info.value.hint
-    monkeypatch.setattr(build_lib, "local_gpu_archs", lambda: ["90"])
+    monkeypatch.setattr(toolchain, "local_gpu_archs", lambda: ["90"])
     plan = _plan(tiny, cuda=True)
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in plan.cache_args and "native" not in " ".join(plan.cache_args)
 
 
 def test_cuda_without_nvcc(tiny, monkeypatch):
-    monkeypatch.setattr(build_lib, "find_nvcc", lambda: None)
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: None)
     with pytest.raises(EnvironmentProblem, match="nvcc"):
         _plan(tiny, cuda=True, arch="90")
 
@@ -174,8 +175,8 @@ def test_cuda_without_cublas(tiny, monkeypatch, tmp_path):
     toolkit.mkdir(parents=True)
     (toolkit / "nvcc").write_text("#!/bin/sh\necho nvcc\n")
     (toolkit / "nvcc").chmod(0o755)
-    monkeypatch.setattr(build_lib, "find_nvcc", lambda: str(toolkit / "nvcc"))
-    monkeypatch.setattr(build_lib.Path, "glob", lambda self, pattern: iter(()))  # no system cuBLAS either
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: str(toolkit / "nvcc"))
+    monkeypatch.setattr(toolchain.Path, "glob", lambda self, pattern: iter(()))  # no system cuBLAS either
     with pytest.raises(EnvironmentProblem, match="cuBLAS"):
         _plan(tiny, cuda=True, arch="90")
 
@@ -207,19 +208,20 @@ def test_build_manifest_reuse_and_incremental_live_edit(tiny):
     again = build_lib.run(_plan(tiny))
     assert not again.configured
     assert "no work to do" in (plan.build_dir / "build.log").read_text()
-    assert again.manifest["artifacts"] == manifest["artifacts"]
+    assert again.manifest.as_dict()["artifacts"] == manifest["artifacts"]
+    assert build_lib.read_manifest(plan.build_dir).as_dict() == manifest  # the file round-trips
     # a live edit rebuilds in the same directory and the manifest records the new live tree
     tiny.write("tools/cli.c", CMAKE_FILES["tools/cli.c"].replace("int main(void) {", "int main(void) { puts(\"x\");"))
     edited_plan = _plan(tiny)
     edited = build_lib.run(edited_plan)
     assert edited_plan.build_dir == plan.build_dir and not edited.configured
-    new = {a["name"]: a for a in edited.manifest["artifacts"]}
-    assert new["llama-cli"]["sha256"] != names["llama-cli"]["sha256"]
-    assert new["libggml.so"]["sha256"] == names["libggml.so"]["sha256"]
-    assert edited.manifest["live_tree"] != manifest["live_tree"]
+    new = {a.name: a for a in edited.manifest.artifacts}
+    assert new["llama-cli"].sha256 != names["llama-cli"]["sha256"]
+    assert new["libggml.so"].sha256 == names["libggml.so"]["sha256"]
+    assert edited.manifest.live_tree != manifest["live_tree"]
     rows = build_lib.list_builds(tiny.root / "build")
     assert [r["key"] for r in rows] == [plan.key] and rows[0]["state"] == "built"
-    assert build_lib.find_build(tiny.root / "build", plan.key[:8])["key"] == plan.key
+    assert build_lib.find_build(tiny.root / "build", plan.key[:8]).key == plan.key
 
 
 def test_unknown_target(tiny):

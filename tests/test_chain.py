@@ -131,7 +131,7 @@ def test_patches_that_is_a_file_is_bad_input_everywhere(fetched: Proj):
     (not a NotADirectoryError from reading patches/chain.lock), and nothing is written."""
     import shutil
     from polyforge.chain import discover
-    from polyforge.cli.chain import status_info
+    from polyforge.status import read as read_status
     fetched.write("src/llama.cpp", fetched.read("src/llama.cpp") + "// an edit to capture\n")
     shutil.rmtree(fetched.patches)
     fetched.patches.write_text("not a folder\n")
@@ -139,7 +139,7 @@ def test_patches_that_is_a_file_is_bad_input_everywhere(fetched: Proj):
     chain = fetched.chain()
     with pytest.raises(BadInput, match="patches: is not a folder"):
         discover(chain.project)
-    for command in (chain.patches, chain.apply, chain.relock, lambda: status_info(chain),
+    for command in (chain.patches, chain.apply, chain.relock, lambda: read_status(chain),
                     lambda: chain.capture("0005-x"), chain.refresh, lambda: chain.unapply()):
         with pytest.raises(BadInput, match="patches: is not a folder"):
             command()
@@ -274,12 +274,12 @@ def test_offsets_need_the_flag(fetched: Proj, tmp_path):
 
 
 def test_status_reports_drift_and_live_edits(fetched: Proj):
-    from polyforge.cli.chain import status_info
+    from polyforge.status import read as read_status
     _three(fetched)
     fetched.write("src/llama.h", "live\n")
     path = fetched.patches / "0002-second.patch"
     path.write_text(path.read_text().replace("Upstream-Status: Pending", "Upstream-Status: Submitted"))
-    info = status_info(fetched.chain())
+    info = read_status(fetched.chain()).as_dict()
     assert info["live_edits"] == [{"status": "M", "path": "src/llama.h"}]
     assert any("0002-second.patch" in d for d in info["lock_drift"])
     assert info["applied_changed"] == ["0002-second.patch"]
@@ -300,11 +300,11 @@ def test_lock_rewrites_after_intended_change(fetched: Proj):
 
 # -- issue 14: applied patches the chain no longer has, or has changed or reordered ---------
 def test_status_and_unapply_with_an_applied_patch_deleted_from_patches(fetched: Proj):
-    from polyforge.cli.chain import status_info
+    from polyforge.status import read as read_status
     _three(fetched)
     (fetched.patches / "0003-third.patch").unlink()
     fetched.chain().relock()  # as after switching to a branch whose chain lacks 0003
-    info = status_info(fetched.chain())
+    info = read_status(fetched.chain()).as_dict()
     assert info["applied"] == ["0001-first.patch", "0002-second.patch", "0003-third.patch"]
     assert info["applied_missing"] == ["0003-third.patch"]
     assert any("0003-third.patch" in m and "not in patches/" in m for m in info["chain_mismatch"])
@@ -314,15 +314,15 @@ def test_status_and_unapply_with_an_applied_patch_deleted_from_patches(fetched: 
     chain = fetched.chain()
     assert chain.tree.snapshot() == fetched.upstream.tree and chain.tree.applied() == []
     assert [r["status"] for r in chain.apply()] == ["applied", "applied"]
-    assert status_info(fetched.chain())["ok"] is True
+    assert read_status(fetched.chain()).ok is True
 
 
 def test_status_and_unapply_after_a_renumbering(fetched: Proj):
-    from polyforge.cli.chain import status_info
+    from polyforge.status import read as read_status
     _three(fetched)
     (fetched.patches / "0001-first.patch").rename(fetched.patches / "0004-first.patch")
     fetched.chain().relock()
-    info = status_info(fetched.chain())
+    info = read_status(fetched.chain()).as_dict()
     assert info["ok"] is False and info["applied_missing"] == ["0001-first.patch"]
     text = " ".join(info["chain_mismatch"])
     assert "renamed to 0004-first.patch" in text
@@ -334,7 +334,7 @@ def test_status_and_unapply_after_a_renumbering(fetched: Proj):
 
 
 def test_unapply_when_a_new_patch_sorts_below_the_applied_ones(fetched: Proj):
-    from polyforge.cli.chain import status_info
+    from polyforge.status import read as read_status
     _three(fetched)
     chain = fetched.chain()
     chain.unapply()
@@ -347,7 +347,7 @@ def test_unapply_when_a_new_patch_sorts_below_the_applied_ones(fetched: Proj):
     chain.apply()
     (fetched.patches / "0000-zero.patch").write_bytes(data)  # e.g. pulled from upstream of the project
     chain.relock()
-    info = status_info(fetched.chain())
+    info = read_status(fetched.chain()).as_dict()
     assert info["ok"] is False and info["applied_missing"] == []
     assert "0001-first.patch is applied as patch 1 but is patch 2 of the chain" in " ".join(info["chain_mismatch"])
     assert [r["status"] for r in fetched.chain().unapply()] == ["unapplied"] * 3
@@ -355,12 +355,12 @@ def test_unapply_when_a_new_patch_sorts_below_the_applied_ones(fetched: Proj):
 
 
 def test_unapply_of_a_changed_patch_restores_the_recorded_tree_and_says_so(fetched: Proj):
-    from polyforge.cli.chain import status_info
+    from polyforge.status import read as read_status
     _three(fetched)
     path = fetched.patches / "0002-second.patch"
     path.write_text(path.read_text().replace("Upstream-Status: Pending", "Upstream-Status: Submitted"))
     fetched.chain().relock()
-    info = status_info(fetched.chain())
+    info = read_status(fetched.chain()).as_dict()
     assert info["applied_changed"] == ["0002-second.patch"] and info["ok"] is False
     assert any("0002-second.patch changed since it was applied" in m for m in info["chain_mismatch"])
     report = fetched.chain().unapply()
@@ -460,7 +460,7 @@ def test_a_patch_through_a_baseline_symlink_is_unsafe_before_it_is_drift(tmp_pat
     every command that reads the chain, not reported as chain.lock drift (exit 1) first."""
     from conftest import git_tree_id
     from conftest import Upstream
-    from polyforge.cli.chain import status_info
+    from polyforge.status import read as read_status
     up = make_upstream(tmp_path)
     pruned = tmp_path / "upstream-pruned"
     for folder in (up.path, pruned):
@@ -479,7 +479,7 @@ def test_a_patch_through_a_baseline_symlink_is_unsafe_before_it_is_drift(tmp_pat
     for path in ("linked/through.c", "outside/pwned.c", "linked"):
         (p.patches / "0002-through.patch").write_text(THROUGH_LINK.format(path=path))
         chain = p.chain()
-        for command in (chain.patches, chain.apply, chain.relock, lambda: status_info(chain),
+        for command in (chain.patches, chain.apply, chain.relock, lambda: read_status(chain),
                         lambda: chain.capture("0003-more"), chain.refresh):
             with pytest.raises(BadInput, match=f"{path} goes through the symlink {path.split('/')[0]}"):
                 command()

@@ -176,11 +176,22 @@ def test_vendor_cli(fetched: Proj, tmp_path):
     assert done.returncode == 0 and json.loads(done.stdout)["tree"] == fetched.upstream.pack_tree
 
 
+COMMANDS = ("apply", "unapply", "status", "capture", "refresh", "lock", "verify-patches", "vendor", "build", "doctor",
+            "models", "gate", "bench", "up")
+
+
 def test_help_lists_the_commands(tmp_path):
     done = run_cli("--help", cwd=tmp_path)
     assert done.returncode == 0
-    for command in ("vendor", "apply", "unapply", "status", "capture", "refresh", "lock", "verify-patches"):
-        assert command in done.stdout
+    listed = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("│ ") and len(line.split()) > 2}
+    assert set(COMMANDS) <= listed, done.stdout
+
+
+def test_command_names_are_unchanged():
+    """One CLI module per command group; splitting them must not rename, add or drop a command."""
+    import typer
+    from polyforge.cli import app
+    assert sorted(typer.main.get_command(app).commands) == sorted(COMMANDS)
 
 
 def test_status_and_unapply_cli_with_an_applied_patch_gone(chained: Proj):
@@ -209,7 +220,7 @@ def test_malformed_chain_lock_is_one_line_exit_2(chained: Proj, text: str, fragm
 
 
 @pytest.mark.parametrize("old, new, fragment", [
-    ("project: llama.cpp", "project: [1]", "'project'"),
+    ("project: llama.cpp", "project: [1]", "'upstream.project' must be a string"),
     ("kind: dir", "kind: dir\n  subdir: 5", "'subdir'"),
 ])
 def test_pin_with_a_wrong_type_is_one_line_exit_2(chained: Proj, old: str, new: str, fragment: str):

@@ -6,7 +6,7 @@ import json
 import os
 
 from conftest import run_cli
-from polyforge import doctor
+from polyforge import doctor, toolchain
 from polyforge.gates import GATE_MODULES
 
 
@@ -29,7 +29,7 @@ def test_missing_tools_are_reported_with_fixes(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler, ccache, nvcc or nvidia-smi on PATH
     monkeypatch.setenv("CXX", "no-such-c++")
     monkeypatch.setenv("CUDACXX", str(tmp_path / "nvcc"))
-    monkeypatch.setattr(doctor.build_lib, "find_nvcc", lambda: None)
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: None)
     checks = _by_name(doctor.checks(tmp_path))
     assert not checks["c++ compiler"].ok and "build-essential" in checks["c++ compiler"].fix
     assert not checks["ccache"].ok and not checks["ccache"].required and "apt-get install ccache" in checks["ccache"].fix

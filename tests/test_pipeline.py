@@ -4,6 +4,7 @@ failure with its exit code; on the tiny CMake project with the real cmake and ni
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -43,7 +44,7 @@ def test_up_runs_everything_in_order(tiny):
     assert result.steps[1].detail["applied"] == ["0001-answer.patch"]
     key = result.steps[3].detail["key"]
     manifest = build_lib.read_manifest(tiny.root / "build" / key)
-    assert [c["name"] for c in manifest["inputs"]["chain"]] == ["0001-answer.patch"]
+    assert [c["name"] for c in manifest.inputs["chain"]] == ["0001-answer.patch"]
     assert result.steps[4].detail["verdict"]["build"] == key
     # a second run: everything already there, the build reused
     again = pipeline.up(tiny.chain(), options=_options(), gates=["answers"])
@@ -103,3 +104,21 @@ def test_up_cli(tiny):
     result = json.loads(done.stdout)
     assert result["steps"][-1]["step"] == "build" and "unknown build target" in result["steps"][-1]["error"]
     assert_clean_error(run_pf("up", "--gate", "nope", cwd=tiny.root), 2, "unknown gate 'nope'")
+
+
+def test_run_bench_on_an_existing_build(tiny, monkeypatch):
+    """--build KEY: no build, the model fetched, the matrix under build/KEY/bench/, the key on the result."""
+    from buildkit import fake_build
+    from test_bench import FAKE_BENCH
+    from polyforge import bench as bench_lib
+    build_dir = fake_build(tiny.root, "cpu-fake", {"llama-bench": FAKE_BENCH})
+    model = tiny.root / "m.gguf"
+    model.write_bytes(b"GGUF")
+    fetched = type("Fetched", (), {"path": model, "cached": True})
+    monkeypatch.setattr(pipeline.models_lib, "fetch", lambda name, **kw: fetched)
+    spec = bench_lib.BenchSpec.make(["f16/f16,q8_0/q8_0"], None, [0], None, 0, 8, 1)
+    result = pipeline.run_bench(tiny.chain(), spec, model="any", build_key="cpu-f",
+                                build_fn=lambda chain, options: pytest.fail("--build builds nothing"))
+    assert result.build == "cpu-fake" and len(result.rows) == 2
+    assert Path(result.files["json"]).parent.parent == build_dir / "bench"
+    assert result.as_dict()["build"] == "cpu-fake"

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import Proj, git_tree_id, make_upstream, write_pin
+from conftest import Proj, git_tree_id, write_pin
 from polyforge import vendor
 from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
 from polyforge.hashing import sha256_file

@@ -338,7 +338,7 @@ def _apply_cut_short(chain) -> None:
 def test_a_journal_of_no_real_run_changes_nothing(two_patches: Proj):
     """issue 14 (env-journal-bogus-commit): recovery used to reset the live tree to to_tree first,
     wiping the user's uncaptured edit, and only then fail on the bogus from_commit."""
-    from polyforge.cli.chain import status_info
+    from polyforge.status import read as read_status
     chain = two_patches.chain()
     chain.apply()
     two_patches.write("docs/build.md", "a user edit nobody captured\n")
@@ -356,7 +356,7 @@ def test_a_journal_of_no_real_run_changes_nothing(two_patches: Proj):
             with two_patches.chain().locked():
                 pass
         assert "delete" in caught.value.hint and "\n" not in caught.value.message
-        info = status_info(two_patches.chain())
+        info = read_status(two_patches.chain()).as_dict()
         assert info["ok"] is False and "journal.json" in info["journal_problem"], journal
         assert two_patches.read("docs/build.md") == "a user edit nobody captured\n", journal
         assert tree.head() == head and _journal_file(two_patches).exists(), journal
@@ -402,8 +402,8 @@ def test_recovery_takes_a_file_git_was_half_way_through_writing(two_patches: Pro
 
 
 def status_info_problem(p: Proj) -> str:
-    from polyforge.cli.chain import status_info
-    info = status_info(p.chain())
+    from polyforge.status import read as read_status
+    info = read_status(p.chain()).as_dict()
     assert info["ok"] is False and info["interrupted"] == "apply"
     return info["journal_problem"]
 

@@ -19,13 +19,8 @@ app = typer.Typer(
          "Exit codes: 0 ok, 1 verification failure or drift, 2 usage or bad input, 3 environment.",
 )
 
-from . import chain as _chain  # noqa: E402,F401  (registers commands)
-from . import vendor as _vendor  # noqa: E402,F401
-
-import importlib.util  # noqa: E402
-
-if importlib.util.find_spec(f"{__name__}.build") is not None:  # build, gates, bench, models, doctor, up
-    from . import build as _build  # noqa: F401
+# each module registers its command group on app; --help lists them in this order
+from . import chain, vendor, build, doctor, models, gate, bench, up  # noqa: E402,F401
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from .. import patchfile
+from .. import status as status_lib
 from .. import verify as verify_lib
 from ..chain import Chain
 from ..console import err
@@ -63,91 +64,58 @@ def unapply(
     say(f"[green]ok[/] {len(report)} unapplied")
 
 
-def status_info(chain: Chain) -> dict:
-    from .. import vendor as vendor_lib
-    info = vendor_lib.status(chain)
-    patches = chain.patches()
-    info["patches"] = [p.name for p in patches]
-    info["lock_drift"] = chain.lock_drift(patches)
-    journal = chain.tree.pending_journal() if chain.tree.exists() else None
-    info["interrupted"] = journal.op if journal else None
-    info["journal_problem"] = None
-    if journal is not None:
-        try:
-            chain.tree.check_journal(journal)  # what the next command's recovery would refuse
-        except BadInput as exc:
-            info["journal_problem"] = exc.message
-    if chain.tree.exists():
-        applied = chain.tree.applied()
-        info["applied"] = [a.name for a in applied]
-        info["unapplied"] = [p.name for p in patches if p.name not in info["applied"]]
-        info["live_edits"] = [{"status": s, "path": p} for s, p in chain.live_changes()]
-        info["applied_changed"] = [a.name for a in applied
-                                   for p in patches if p.name == a.name and p.sha256 != a.sha256]
-        info["applied_missing"] = [a.name for a in applied if a.name not in info["patches"]]
-        # the applied commits against the chain now: gone, changed, or at another position
-        info["chain_mismatch"] = chain.applied_mismatch(applied, patches)
-    info["ok"] = (bool(info.get("baseline_ok")) and not info["lock_drift"] and not info.get("chain_mismatch")
-                  and not info["journal_problem"])
-    return info
-
-
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Pin and baseline, applied and unapplied patches, live edits, lock drift."""
     chain = _chain_with_notices()
-    with chain.reading() as lock:
-        info = status_info(chain)
-        if chain.tree.exists():
-            removable, blocking = chain.tree.leftover_locks(lock.dead_holder)
-            info["git_locks"] = {"removable": removable, "blocking": blocking}
-            info["ok"] = info["ok"] and not blocking  # the next command would stop on them
+    info = status_lib.read(chain)
     if json_out:
-        emit_json(info)
-        raise typer.Exit(0 if info["ok"] else 1)
-    pin = info["pin"]
+        emit_json(info.as_dict())
+        raise typer.Exit(0 if info.ok else 1)
+    pin = info.vendor["pin"]
     say(f"pin       {chain.pin.project} {pin['release']} ({pin['commit'][:12]}), tree {pin['tree'][:12]}")
-    if not info["vendored"]:
+    if not info.vendored:
         say("vendored  [red]no[/] (polyforge vendor fetch)")
         raise typer.Exit(1)
-    say(f"baseline  {info['baseline_tree'][:12]} " + ("[green]ok[/]" if info["baseline_ok"] else "[red]MISMATCH[/]")
-        + (" (pruned)" if info["pruned"] else ""))
+    say(f"baseline  {info.vendor['baseline_tree'][:12]} "
+        + ("[green]ok[/]" if info.vendor["baseline_ok"] else "[red]MISMATCH[/]")
+        + (" (pruned)" if info.vendor["pruned"] else ""))
     table = Table(show_header=True, header_style="bold", box=None)
     table.add_column("patch")
     table.add_column("state")
-    for name in info["patches"]:
-        state = "[green]applied[/]" if name in info["applied"] else "unapplied"
-        if name in info["applied_changed"]:
+    for name in info.patches:
+        state = "[green]applied[/]" if name in info.applied else "unapplied"
+        if name in info.applied_changed:
             state = "[red]applied, file changed since[/]"
         table.add_row(name, state)
-    for name in info["applied_missing"]:
+    for name in info.applied_missing:
         table.add_row(name, "[red]applied, not in patches/[/]")
-    if info["patches"] or info["applied_missing"]:
+    if info.patches or info.applied_missing:
         err.print(table)
     else:
         say("patches   none")
-    for mismatch in info["chain_mismatch"]:
+    for mismatch in info.chain_mismatch:
         say(f"[red]applied[/] {mismatch}")
-    if info["chain_mismatch"]:
+    if info.chain_mismatch:
         say("[yellow]polyforge unapply undoes the applied patches by their recorded commits; then apply the chain[/]")
-    edits = info["live_edits"]
+    edits = info.live_edits
     say(f"live edits {len(edits)} file(s)" + (":" if edits else ""))
     for e in edits[:20]:
         say(f"  {e['status']} {e['path']}")
     if len(edits) > 20:
         say(f"  ... and {len(edits) - 20} more")
-    for d in info["lock_drift"]:
+    for d in info.lock_drift:
         say(f"[red]lock drift[/] {d}")
-    if info["journal_problem"]:
-        say(f"[red]journal[/] {info['journal_problem']}: the next command refuses to run until it is resolved")
-    elif info["interrupted"]:
-        say(f"[yellow]an interrupted {info['interrupted']} will be recovered by the next command[/]")
-    for rel in info["git_locks"]["removable"]:
+    if info.journal_problem:
+        say(f"[red]journal[/] {info.journal_problem}: the next command refuses to run until it is resolved")
+    elif info.interrupted:
+        say(f"[yellow]an interrupted {info.interrupted} will be recovered by the next command[/]")
+    for rel in info.git_locks.removable:
         say(f"[yellow]{rel} was left by a polyforge run that died: the next command removes it[/]")
-    for rel in info["git_locks"]["blocking"]:
+    for rel in info.git_locks.blocking:
         say(f"[red]{rel} exists[/]: a git process is at work in the vendored tree, or one died; "
             "the next command stops on it")
-    raise typer.Exit(0 if info["ok"] else 1)
+    raise typer.Exit(0 if info.ok else 1)
 
 
 @app.command()

@@ -1,12 +1,20 @@
-"""Shared rendering: JSON to stdout, rich to stderr."""
+"""Shared rendering: JSON to stdout, rich to stderr; a build's progress; a gate's verdict."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import build as build_lib
+from ..chain import Chain
 from ..console import err
+
+if TYPE_CHECKING:
+    from ..pipeline import BuildFn
 
 
 def emit_json(data: Any) -> None:
@@ -15,3 +23,63 @@ def emit_json(data: Any) -> None:
 
 def say(message: str) -> None:
     err.print(message, soft_wrap=True)
+
+
+def build_with_progress(quiet: bool) -> BuildFn:
+    """build_lib.build showing the plan and a progress bar on stderr (quiet: no bar), for the
+    commands that build: build, gate run, bench, up."""
+    def build(chain: Chain, options: build_lib.BuildOptions) -> build_lib.BuildResult:
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       TextColumn("[dim]{task.fields[what]}"), console=err, transient=True,
+                       disable=quiet or not err.is_terminal)
+        task = bar.add_task("building", total=None, what="")
+        tenths = {"last": -1}  # without a terminal: a line per tenth done
+
+        def on_plan(plan: build_lib.Plan) -> None:
+            for note in plan.notes:
+                say(f"[yellow]note[/] {note}")
+            say(f"build {plan.key} -> {plan.build_dir}")
+            bar.start()
+
+        def on_progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, what=what[-60:])
+            if not err.is_terminal and not quiet and total and (done * 10 // total) != tenths["last"]:
+                tenths["last"] = done * 10 // total
+                say(f"  [{done}/{total}] {what[:100]}")
+
+        try:
+            return build_lib.build(chain, options, on_plan=on_plan, on_progress=on_progress)
+        finally:
+            bar.stop()
+    return build
+
+
+def render_verdict(verdict: dict) -> None:
+    """A gate's verdict (its as_dict) on stderr, for gate run and up."""
+    # names, expressions and errors are data: "[q8_0/q8_0].kld_mean" must not be read as rich markup
+    mark = "[green]PASS[/]" if verdict["ok"] else "[red]FAIL[/]"
+    say(f"{mark} gate {escape(verdict['gate'])} (build {escape(str(verdict.get('build', '-')))}, "
+        f"{verdict.get('seconds', 0):.1f} s)")
+    if verdict.get("error"):
+        say(f"  [red]error[/] {escape(verdict['error'])}")
+    if verdict.get("output_tail"):
+        say("  [dim]the failed command's last output lines:[/]")
+        for line in verdict["output_tail"]:
+            err.print(f"    {line}", markup=False, soft_wrap=True)
+    for name, value in verdict["metrics"].items():
+        if isinstance(value, dict):
+            say(escape(f"  {name}: " + ", ".join(f"{k}={_metric(v)}" for k, v in value.items())))
+        else:
+            say(escape(f"  {name}: {_metric(value)}"))
+    for expr, result in verdict["thresholds"].items():
+        state = "[green]ok[/]" if result["ok"] else "[red]FAIL[/]"
+        extra = f" ({result['error']})" if result.get("error") else ""
+        say(f"  {state} {escape(expr + extra)}")
+
+
+def _metric(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, str) and len(value) > 60:
+        return repr(value[:57] + "...")
+    return str(value)

@@ -19,7 +19,8 @@ app.add_typer(vendor_app, name="vendor")
 
 @vendor_app.command("fetch")
 def fetch(
-    source: Optional[str] = typer.Option(None, "--source", help="A source name from vendor/pin.yaml, or a folder or archive path."),
+    source: Optional[str] = typer.Option(None, "--source", help="A source name from vendor/pin.yaml, a folder or archive path, or "
+                                         "pypi-sdist:NAME==VER[#subdir], git:URL@REV, archive:PATH_OR_URL[#subdir], dir:PATH."),
     force: bool = typer.Option(False, "--force", help="Re-vendor; an edited tree is moved to vendor/backups/ first."),
     json_out: bool = typer.Option(False, "--json", help="Machine output on stdout."),
 ) -> None:

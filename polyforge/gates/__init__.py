@@ -1,6 +1,7 @@
-"""Gates: declared in gates/*.yaml, run by polyforge.gates.runner, one module per kind."""
+"""Gates: declared in gates/*.yaml, loaded, run and judged by polyforge.gates.runner; what
+runs one is its kind, registered in polyforge.gates.kinds (whose docstring says how to add one)."""
 
-# The third-party modules the gate programs import (scripts/gate_*.py, what they import, and
+# The third-party modules the gate programs import (gates/*/gate_*.py, what they import, and
 # the vendored gguf-py they load), each with the distribution that provides it. `polyforge
 # up` runs those programs, so each distribution is a base dependency in pyproject.toml
 # (tests/test_gates.py checks both directions), and `polyforge doctor` reports each module.

@@ -1,13 +1,12 @@
-"""Helpers the gate kinds share: parameter checks and running a binary with a log."""
+"""Helpers the gate kinds share: params.model, running a binary with a log, output tails."""
 
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
-from .. import proc
-from ..errors import BadInput, EnvironmentProblem, VerificationFailed
+from .. import proc, schema
+from ..errors import BadInput, EnvironmentProblem, TimedOut, VerificationFailed
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # how much of a failed command's output a verdict carries: enough for a traceback's end
@@ -25,37 +24,12 @@ def output_tail(text: str) -> list[str]:
     return [line if len(line) <= TAIL_WIDTH else line[:TAIL_WIDTH - 3] + "..." for line in lines]
 
 
-def need(params: dict, key: str, kind: type | tuple, where: str, default=None, required: bool = False):
-    if key not in params:
-        if required:
-            raise BadInput(f"{where}: params.{key} is required")
-        return default
-    value = params[key]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind in (int, float, (int, float)):
-        name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise BadInput(f"{where}: params.{key} must be a {name}")
-    return value
-
-
 def need_model(params: dict, where: str, models: tuple[str, ...]) -> str:
     """params.model, which the gate must also list under 'models' (so it is fetched)."""
-    model = need(params, "model", str, where, required=True)
+    model = schema.need(params, "model", str, where, section="params")
     if model not in models:
         raise BadInput(f"{where}: params.model {model} must be listed under 'models'")
     return model
-
-
-def only(params: dict, allowed: set[str], where: str) -> None:
-    extra = set(params) - allowed
-    if extra:
-        raise BadInput(f"{where}: unknown params {', '.join(sorted(extra))} (allowed: {', '.join(sorted(allowed))})")
-
-
-def str_list(params: dict, key: str, where: str) -> list[str]:
-    value = params.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
-        raise BadInput(f"{where}: params.{key} must be a list of strings")
-    return [str(v) for v in value]
 
 
 def run_logged(argv: list, log_path: Path, timeout: float, cwd: Path | None = None,
@@ -63,10 +37,11 @@ def run_logged(argv: list, log_path: Path, timeout: float, cwd: Path | None = No
     """Run a binary to completion, keep its output in log_path; a timeout is a failure."""
     try:
         done = proc.run(argv, cwd=cwd, env=env, timeout=timeout)
-    except EnvironmentProblem as exc:  # not found, or timed out
+    except TimedOut as exc:  # a gate that hangs fails; a missing tool (EnvironmentProblem) is the machine's
         log_path.write_text(f"$ {' '.join(map(str, argv))}\n{exc}\n")
-        if isinstance(exc.__cause__, subprocess.TimeoutExpired):  # a gate that hangs fails; a missing tool is the machine's
-            raise VerificationFailed(f"{Path(str(argv[0])).name} {exc} (log: {log_path})") from None
+        raise VerificationFailed(f"{Path(str(argv[0])).name} {exc} (log: {log_path})") from None
+    except EnvironmentProblem as exc:
+        log_path.write_text(f"$ {' '.join(map(str, argv))}\n{exc}\n")
         raise
     log_path.write_text(f"$ {' '.join(done.args)}\n[exit {done.returncode}]\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")
     return done

@@ -8,23 +8,20 @@ from __future__ import annotations
 
 import re
 
-from ._common import need, only, run_logged, strip_ansi
+from .. import schema
 from ..errors import VerificationFailed
+from ._common import run_logged, strip_ansi
 
 _CASE = re.compile(r"^\s+([A-Z0-9_]+)\((.*)\):\s*(.*)$")
 _SUMMARY = re.compile(r"^\s*(\d+)/(\d+) tests passed")
 
 
-def validate(params: dict, where: str, models: tuple[str, ...]) -> dict:
-    only(params, {"op", "pattern", "backend", "mode"}, where)
-    out = {"op": need(params, "op", str, where, required=True),
-           "pattern": need(params, "pattern", str, where),
-           "backend": need(params, "backend", str, where, "CPU"),
-           "mode": need(params, "mode", str, where, "test")}
-    if out["mode"] not in ("test", "grad"):
-        from ..errors import BadInput
-        raise BadInput(f"{where}: params.mode must be test or grad")
-    return out
+def validate_params(params: dict, where: str, models: tuple[str, ...]) -> dict:
+    schema.only(params, {"op", "pattern", "backend", "mode"}, where, section="params")
+    return {"op": schema.need(params, "op", str, where, section="params"),
+            "pattern": schema.optional(params, "pattern", str, where, section="params"),
+            "backend": schema.optional(params, "backend", str, where, "CPU", section="params"),
+            "mode": schema.choice(params, "mode", ("test", "grad"), where, "test", section="params")}
 
 
 def parse(text: str) -> dict:

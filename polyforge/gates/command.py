@@ -6,7 +6,7 @@ params: argv (list; placeholders {bin:NAME} {model:NAME} {data:PATH} {root} {gat
           object) becomes the metrics, and its "ok" becomes the metric ok
   counts: "N passed, M failed" (last occurrence) gives passed and failed
   exit:   nothing but the exit status
-metrics always include exit_code.
+metrics: what parse read, and always exit_code.
 """
 
 from __future__ import annotations
@@ -15,20 +15,17 @@ import json
 import re
 import sys
 
+from .. import schema
 from ..errors import BadInput
-from ._common import need, only, run_logged, str_list
+from ._common import run_logged
 
 _COUNTS = re.compile(r"(\d+)\s+passed,\s*(\d+)\s+failed")
 
 
-def validate(params: dict, where: str, models: tuple[str, ...]) -> dict:
-    only(params, {"argv", "parse"}, where)
-    argv = str_list(params, "argv", where)
-    if not argv:
-        raise BadInput(f"{where}: params.argv must be a non-empty list")
-    parse = need(params, "parse", str, where, "exit")
-    if parse not in ("json", "counts", "exit"):
-        raise BadInput(f"{where}: params.parse must be json, counts or exit")
+def validate_params(params: dict, where: str, models: tuple[str, ...]) -> dict:
+    schema.only(params, {"argv", "parse"}, where, section="params")
+    argv = schema.str_list(params, "argv", where, section="params", required=True, numbers_as_text=True)
+    parse = schema.choice(params, "parse", ("json", "counts", "exit"), where, "exit", section="params")
     for model in re.findall(r"\{model:([^{}]+)\}", " ".join(argv)):
         if model not in models:
             raise BadInput(f"{where}: {{model:{model}}} must be listed under 'models'")

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import re
 
-from ._common import need, need_model, only, run_logged, str_list
+from .. import schema
 from ..errors import BadInput, VerificationFailed
-from ..kvtypes import UPSTREAM_BITS
+from ._common import need_model, run_logged
+from ..kvtypes import CHAIN_BITS, UPSTREAM_BITS, kv_pair
 
-# upstream's KV types; a gate declares the chain's in params.bits
-BITS = UPSTREAM_BITS
-_KV = re.compile(r"^([a-z0-9_]+)/([a-z0-9_]+)$")
+# the one table of bits per element (kvtypes): upstream's KV types and the chain's
+BITS = {**UPSTREAM_BITS, **CHAIN_BITS}
 _FLOAT = r"([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 _PATTERNS = {
     "kld_mean": re.compile(r"^Mean\s+KLD:\s+" + _FLOAT, re.M),
@@ -33,24 +33,26 @@ _KV_SIZE = re.compile(r"llama_kv_cache[^:]*: size = \s*" + _FLOAT + r" MiB")
 
 
 def _pair(text: str, where: str) -> str:
-    if not isinstance(text, str) or not _KV.match(text):
+    if kv_pair(text) is None:
         raise BadInput(f"{where}: {text!r} is not a K/V type pair like q8_0/q4_0")
     return text
 
 
-def validate(params: dict, where: str, models: tuple[str, ...]) -> dict:
-    only(params, {"model", "text", "ctx", "chunks", "base", "configs", "flags", "bits"}, where)
+def validate_params(params: dict, where: str, models: tuple[str, ...]) -> dict:
+    schema.only(params, {"model", "text", "ctx", "chunks", "base", "configs", "flags", "bits"}, where,
+                section="params")
     model = need_model(params, where, models)
-    configs = params.get("configs")
-    if not isinstance(configs, list) or not configs:
-        raise BadInput(f"{where}: params.configs must be a non-empty list of K/V pairs")
-    bits = need(params, "bits", dict, where, {})
-    if not all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in bits.items()):
-        raise BadInput(f"{where}: params.bits maps type names to bits per element")
-    out = {"model": model, "text": need(params, "text", str, where, required=True),
-           "ctx": need(params, "ctx", int, where, 2048), "chunks": need(params, "chunks", int, where),
-           "base": _pair(params.get("base", "f16/f16"), where),
-           "configs": [_pair(c, where) for c in configs], "flags": str_list(params, "flags", where),
+    configs = schema.str_list(params, "configs", where, section="params", required=True)
+    bits = schema.optional(params, "bits", dict, where, {}, section="params")
+    if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+               for k, v in bits.items()):
+        raise BadInput(f"{where}: 'params.bits' must map type names to bits per element")
+    out = {"model": model, "text": schema.need(params, "text", str, where, section="params"),
+           "ctx": schema.optional(params, "ctx", int, where, 2048, section="params"),
+           "chunks": schema.optional(params, "chunks", int, where, section="params"),
+           "base": _pair(schema.optional(params, "base", str, where, "f16/f16", section="params"), where),
+           "configs": [_pair(c, where) for c in configs],
+           "flags": schema.str_list(params, "flags", where, section="params", numbers_as_text=True),
            "bits": {**BITS, **bits}}
     if len(set(out["configs"])) != len(out["configs"]):
         raise BadInput(f"{where}: params.configs repeat")

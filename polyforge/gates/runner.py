@@ -1,12 +1,15 @@
 """Gates: gates/NAME.yaml declares a build, models, commands, metrics and thresholds;
-running one yields a verdict {"gate", "ok", "metrics", "thresholds", ...}. A failed gate's
-verdict also says why: "error" (one line) and, when a command failed, "output_tail" (the
-last lines of its stderr, or of its stdout when stderr is empty).
+running one yields a Verdict (JSON: {"gate", "ok", "metrics", "thresholds", ...}). A failed
+gate's verdict also says why: "error" (one line) and, when a command failed, "output_tail"
+(the last lines of its stderr, or of its stdout when stderr is empty).
+
+What runs a gate is its kind: polyforge.gates.kinds registers them and its docstring says
+how to add one.
 
 Schema (validated into the dataclasses below):
 
     name: kld-gemma3            # equals the file's stem
-    kind: perplexity-kld        # backend-ops | perplexity-kld | server | command
+    kind: perplexity-kld        # a key of kinds.KINDS
     description: one line
     build:                      # optional
       targets: [llama-perplexity]   # binaries it needs (built if missing)
@@ -14,7 +17,7 @@ Schema (validated into the dataclasses below):
     models: [gemma3-270m]       # fetched (and sha256-checked) before it runs
     timeout: 1800               # seconds, per command
     env: {GGML_CUDA_X: "1"}     # optional: environment of every command it runs
-    params: {...}               # the kind's own, validated by its module
+    params: {...}               # the kind's own, validated by its validate_params
     thresholds:                 # every expression must hold for ok
       - "[q8_0/q8_0].kld_mean <= 0.05"
       - "[q8_0/turbo4].kld_mean <= 1.3 * [q8_0/q4_0].kld_mean"
@@ -33,31 +36,25 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import importlib
 import json
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from .. import proc
-from ..errors import BadInput, PolyforgeError
+from .. import proc, schema
+from ..errors import BadInput, PolyforgeError, VerificationFailed
 from ._common import output_tail
+from .kinds import KINDS, Metrics
 
-KINDS = ("backend-ops", "perplexity-kld", "server", "command")
 REQUIRES = ("any", "cpu", "cuda")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REF = re.compile(r"\[([^\[\]*]+)\]\.([A-Za-z_][A-Za-z0-9_]*)")
 _FUNCS = ("min", "max", "abs", "len", "dominates")
-
-
-def _module(kind: str):
-    return importlib.import_module(f"polyforge.gates.{kind.replace('-', '_')}")
+_KEYS = ("name", "kind", "description", "build", "models", "params", "thresholds", "timeout", "env")
 
 
 @dataclass(frozen=True)
@@ -105,54 +102,32 @@ def find(gates_dir: Path, name: str) -> Gate:
 def load(path: Path) -> Gate:
     where = str(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise BadInput(f"{where}: a gate must be a mapping")
-    allowed = {"name", "kind", "description", "build", "models", "params", "thresholds", "timeout", "env"}
-    extra = set(raw) - allowed
-    if extra:
-        raise BadInput(f"{where}: unknown key(s) {', '.join(sorted(extra))} (allowed: {', '.join(sorted(allowed))})")
-    name = raw.get("name")
+        top = schema.mapping(schema.load_yaml(path), where)
+    except FileNotFoundError:
+        raise BadInput(f"{where}: not found") from None
+    schema.only(top, _KEYS, where)
+    name = top.get("name")
     if name != path.stem:
         raise BadInput(f"{where}: 'name' must be the file's stem '{path.stem}' (got {name!r})")
-    kind = raw.get("kind")
-    if kind not in KINDS:
-        raise BadInput(f"{where}: 'kind' must be one of {', '.join(KINDS)} (got {kind!r})")
-    build_raw = raw.get("build") or {}
-    if not isinstance(build_raw, dict) or set(build_raw) - {"targets", "requires"}:
-        raise BadInput(f"{where}: 'build' takes 'targets' and 'requires'")
-    targets = build_raw.get("targets") or []
-    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise BadInput(f"{where}: build.targets must be a list of target names")
-    requires = build_raw.get("requires", "any")
-    if requires not in REQUIRES:
-        raise BadInput(f"{where}: build.requires must be one of {', '.join(REQUIRES)}")
-    models = raw.get("models") or []
-    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-        raise BadInput(f"{where}: 'models' must be a list of model names")
-    thresholds = raw.get("thresholds")
-    if not isinstance(thresholds, list) or not thresholds or not all(isinstance(t, str) for t in thresholds):
-        raise BadInput(f"{where}: 'thresholds' must be a non-empty list of expressions")
+    kind = schema.choice(top, "kind", KINDS, where)
+    build = schema.optional(top, "build", dict, where, {})
+    schema.only(build, ("targets", "requires"), where, section="build")
+    targets = schema.str_list(build, "targets", where, section="build")
+    requires = schema.choice(build, "requires", REQUIRES, where, "any", section="build")
+    models = tuple(schema.str_list(top, "models", where))
+    thresholds = schema.str_list(top, "thresholds", where, required=True)
     for expr in thresholds:
         try:
             compile_expr(expr)
         except BadInput as exc:
             raise BadInput(f"{where}: threshold {expr!r}: {exc.message}") from None
-    timeout = raw.get("timeout", 1800)
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
+    timeout = schema.optional(top, "timeout", (int, float), where, 1800)
+    if timeout <= 0:
         raise BadInput(f"{where}: 'timeout' must be a positive number of seconds")
-    env = raw.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(k, str) and _ENV_NAME.match(k) for k in env) \
-            or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in env.values()):
-        raise BadInput(f"{where}: 'env' must map variable names to strings or numbers")
-    params = raw.get("params") or {}
-    if not isinstance(params, dict):
-        raise BadInput(f"{where}: 'params' must be a mapping")
-    params = _module(kind).validate(params, where, tuple(models))
-    return Gate(name, kind, str(raw.get("description", "")), GateBuild(tuple(targets), requires), tuple(models),
-                params, tuple(thresholds), float(timeout), path, tuple((k, str(v)) for k, v in env.items()))
+    env = schema.str_map(top, "env", where, key_pattern=_ENV_NAME)
+    params = KINDS[kind].validate_params(schema.optional(top, "params", dict, where, {}), where, models)
+    return Gate(name, kind, schema.optional(top, "description", str, where, ""), GateBuild(tuple(targets), requires),
+                models, params, tuple(thresholds), float(timeout), path, tuple(env.items()))
 
 
 # -- threshold expressions -----------------------------------------------------------------
@@ -277,10 +252,47 @@ def evaluate(expr: str, metrics: dict) -> dict:
     return {"ok": bool(result), "values": seen}
 
 
-def judge(gate_name: str, metrics: dict, thresholds: tuple[str, ...] | list[str]) -> dict:
+@dataclass(frozen=True)
+class Verdict:
+    """A gate's result; as_dict() is its JSON (`polyforge gate run --json`, `up --json`)."""
+
+    gate: str
+    ok: bool
+    metrics: Metrics
+    thresholds: dict[str, dict]  # expression -> evaluate()'s {"ok", "values"[, "error"]}
+    error: str | None = None  # one line: why it failed
+    error_exit_code: int | None = None  # set when an error stopped the run before it was judged
+    output_tail: tuple[str, ...] = ()  # the failed command's last output lines (failed gates only)
+    seconds: float = 0.0
+    build: str | None = None  # the build's key, and its live tree id (pipeline.run_gate)
+    live_tree: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """0 when ok; else the error's exit code, or 1 when thresholds failed."""
+        if self.ok:
+            return 0
+        return self.error_exit_code if self.error_exit_code is not None else VerificationFailed.exit_code
+
+    def as_dict(self) -> dict:
+        out: dict[str, Any] = {"gate": self.gate, "ok": self.ok, "metrics": self.metrics,
+                               "thresholds": self.thresholds}
+        if self.error is not None:
+            out["error"] = self.error
+        if self.error_exit_code is not None:
+            out["exit_code"] = self.error_exit_code
+        if self.output_tail:
+            out["output_tail"] = list(self.output_tail)
+        out["seconds"] = self.seconds
+        if self.build is not None:
+            out["build"] = self.build
+            out["live_tree"] = self.live_tree
+        return out
+
+
+def judge(gate_name: str, metrics: Metrics, thresholds: tuple[str, ...] | list[str]) -> Verdict:
     results = {expr: evaluate(expr, metrics) for expr in thresholds}
-    return {"gate": gate_name, "ok": all(r["ok"] for r in results.values()), "metrics": metrics,
-            "thresholds": results}
+    return Verdict(gate_name, all(r["ok"] for r in results.values()), metrics, results)
 
 
 # -- running -------------------------------------------------------------------------------
@@ -345,22 +357,21 @@ class GateContext:
         return re.sub(r"\{([a-z]+(?::[^{}]+)?)\}", one, text)
 
 
-def run_gate(ctx: GateContext) -> dict:
-    """Run one gate in its context; a failure inside becomes ok false with the error."""
+def run_gate(ctx: GateContext) -> Verdict:
+    """Run one gate in its context; an error inside (but BadInput) becomes ok false with the error."""
     started = time.monotonic()
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    error: str | None = None
+    error_exit_code: int | None = None
     try:
-        metrics = _module(ctx.gate.kind).run(ctx)
-    except BadInput:
+        metrics = KINDS[ctx.gate.kind].run(ctx)
+    except BadInput:  # the gate's own files are wrong: no verdict
         raise
     except PolyforgeError as exc:
-        verdict = judge(ctx.gate.name, {}, ctx.gate.thresholds)
-        verdict.update(ok=False, error=exc.message, exit_code=exc.exit_code)
-    else:
-        verdict = judge(ctx.gate.name, metrics, ctx.gate.thresholds)
-        if not verdict["ok"] and ctx.failure is not None:
-            verdict["error"] = ctx.failure + (f": {ctx.failure_tail[-1]}" if ctx.failure_tail else "")
-    if not verdict["ok"] and ctx.failure_tail:
-        verdict["output_tail"] = ctx.failure_tail
-    verdict["seconds"] = round(time.monotonic() - started, 2)
-    return verdict
+        metrics, error, error_exit_code = {}, exc.message, exc.exit_code
+    verdict = judge(ctx.gate.name, metrics, ctx.gate.thresholds)
+    ok = verdict.ok and error is None
+    if not ok and error is None and ctx.failure is not None:
+        error = ctx.failure + (f": {ctx.failure_tail[-1]}" if ctx.failure_tail else "")
+    return replace(verdict, ok=ok, error=error, error_exit_code=error_exit_code,
+                   output_tail=() if ok else tuple(ctx.failure_tail), seconds=round(time.monotonic() - started, 2))

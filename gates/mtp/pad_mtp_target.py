@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Make a slow twin of the MTP fixture target for the decode-speed measurement.
 
-The trained target (gates/data/mtp/target.gguf) is so small that a decode step is pure
+The trained target (gates/mtp/data/target.gguf) is so small that a decode step is pure
 overhead, so the draft head costs as much as the target and MTP can only lose time. This widens
 every FFN from n_ff to --n-ff with zero rows/columns: the extra units get gate = up = 0 and a zero
 ffn_down column, so they add exact zeros and the model computes the same function, but each
 token now reads --n-ff * n_embd * 3 weights per layer (memory-bound, like a real target). The
 assistant drafts for it unchanged. Not committed: made at gate time in a second or two.
 
-    python scripts/pad_mtp_target.py --gguf-py vendor/llama.cpp/gguf-py IN.gguf OUT.gguf --n-ff 16384
+    python gates/mtp/pad_mtp_target.py --gguf-py vendor/llama.cpp/gguf-py IN.gguf OUT.gguf --n-ff 16384
 """
 
 import argparse

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Gate `mtp`: 0074 speculative MTP on the tiny trained gemma4 target + gemma4-assistant pair.
 
-The fixture (gates/data/mtp/, made by scripts/train_mtp_fixture.py) is a gemma4 target and
+The fixture (gates/mtp/data/, made by train_mtp_fixture.py beside this file) is a gemma4 target and
 its gemma4-assistant draft head, trained on gates/data/llama-docs.txt. For each configuration
 llama-server runs greedy completions of N prompts x T tokens (one slot, -fa on) and the gate
 checks, against the same server without MTP and the same KV types:
@@ -25,8 +25,8 @@ checks, against the same server without MTP and the same KV types:
    built for another target width, a centroid table that does not divide the vocabulary, an
    ordering that is not a permutation, an ordering of the wrong length.
 
-Stdlib + numpy + gguf-py (for the bad-input files). Prints one verdict JSON on stdout, logs on
-stderr; exit 0 only when ok.
+Stdlib + numpy + gguf-py (for the bad-input files) + polyforge's llama-server harness
+(polyforge.gates.server). Prints one verdict JSON on stdout, logs on stderr; exit 0 only when ok.
 """
 
 import argparse
@@ -36,8 +36,9 @@ import sys
 import tempfile
 
 from gguf_rewrite import rewrite, to_fork_format
-from llama_server import Server, log, run_gate_main
 from pad_mtp_target import pad_target
+
+from polyforge.gates.server import LlamaServer, program_log, run_program
 
 GATE = "mtp"
 
@@ -57,46 +58,56 @@ def make_prompts(text, n_prompts, n_chars):
 
 
 def greedy(server, prompt, n_predict, cache_prompt=False):
-    st, r = server.post("/completion", {
+    st, r = server.post_json("/completion", {
         "prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": 0,
         "ignore_eos": True, "cache_prompt": cache_prompt, "return_tokens": True,
     })
     if st != 200:
-        raise RuntimeError(f"{server.name}: /completion returned {st}: {r}")
+        raise RuntimeError(f"{server.log_path.stem}: /completion returned {st}: {r}")
     return r["tokens"], r["timings"]
 
 
 def start(args, target, extra, log_dir, name):
-    """One slot, -fa on, the gate's -ngl; every configuration differs only in `extra`."""
-    return Server(args.server, target, ["-c", "2048", "--parallel", "1", "-fa", "on", "-ngl", str(args.ngl),
-                                        "--no-warmup"] + extra, log_dir, name)
+    """One slot, -fa on, the gate's -ngl; every configuration differs only in `extra`. Started
+    and healthy inside a `with` block."""
+    server = LlamaServer(args.server, target, ["-c", "2048", "--parallel", "1", "-fa", "on", "-ngl", str(args.ngl),
+                                               "--no-warmup"] + extra, os.path.join(log_dir, f"{name}.log"))
+    program_log(f"start {name}: {' '.join(server.argv)}")
+    return server
+
+
+def summarize_run(timings):
+    """Tokens/s and draft counts of one configuration from its requests' /completion timings."""
+    draft_n = sum(t.get("draft_n", 0) for t in timings)
+    accepted = sum(t.get("draft_n_accepted", 0) for t in timings)
+    return {"draft_n": draft_n, "draft_n_accepted": accepted, "acceptance": accepted / draft_n if draft_n else 0.0,
+            "tps": 1000.0 * sum(t["predicted_n"] for t in timings) / sum(t["predicted_ms"] for t in timings)}
 
 
 def run_config(args, name, extra, prompts, log_dir, target=None):
     """Greedy completions of every prompt on a fresh server; tokens, draft counts and decode speed."""
-    server = start(args, target or args.target, extra, log_dir, name)
-    try:
-        server.wait_ready(args.startup_timeout)
-        tokens, draft_n, accepted, predicted_n, predicted_ms = [], 0, 0, 0, 0.0
-        for p in prompts:
-            toks, t = greedy(server, p, args.n_predict)
-            tokens.append(toks)
-            draft_n += t.get("draft_n", 0)
-            accepted += t.get("draft_n_accepted", 0)
-            predicted_n += t["predicted_n"]
-            predicted_ms += t["predicted_ms"]
-        return {"tokens": tokens, "draft_n": draft_n, "draft_n_accepted": accepted,
-                "acceptance": accepted / draft_n if draft_n else 0.0,
-                "tps": 1000.0 * predicted_n / predicted_ms}
-    finally:
-        server.stop()
+    with start(args, target or args.target, extra, log_dir, name) as server:
+        server.wait_healthy(args.startup_timeout)
+        runs = [greedy(server, p, args.n_predict) for p in prompts]
+    return {"tokens": [tokens for tokens, _ in runs], **summarize_run([timings for _, timings in runs])}
+
+
+def judge_config(on, off, teacher_forced_top1, n_prompts):
+    """A speculative configuration against the same server without MTP: (its metrics row,
+    lossless, acceptance high enough)."""
+    equal = sum(a == b for a, b in zip(on["tokens"], off["tokens"]))
+    row = {"outputs_equal": equal, "teacher_forced_top1": round(teacher_forced_top1, 4),
+           "draft_n": on["draft_n"], "draft_n_accepted": on["draft_n_accepted"],
+           "acceptance": round(on["acceptance"], 4), "tps": round(on["tps"], 1),
+           "speedup": round(on["tps"] / off["tps"], 3)}
+    lossless = equal == n_prompts and teacher_forced_top1 >= THRESHOLDS["min_teacher_forced"]
+    return row, lossless, on["acceptance"] >= THRESHOLDS["min_acceptance"]
 
 
 def teacher_forced(args, extra, prompts, outputs, log_dir, name):
     """Fraction of positions where the MTP-on token is the target's greedy token after the MTP-on prefix."""
-    server = start(args, args.target, extra, log_dir, name)
-    try:
-        server.wait_ready(args.startup_timeout)
+    with start(args, args.target, extra, log_dir, name) as server:
+        server.wait_healthy(args.startup_timeout)
         agree = total = 0
         for p, out in zip(prompts, outputs):
             prefix = server.tokenize(p, add_special=True)
@@ -105,9 +116,15 @@ def teacher_forced(args, extra, prompts, outputs, log_dir, name):
                 agree += int(nxt == [tok])
                 total += 1
                 prefix = prefix + [tok]
-        return agree / total
-    finally:
-        server.stop()
+    return agree / total
+
+
+def judge_refusal(exit_code, log_text, expect):
+    """A bad head must be refused at load: a normal exit with a status (never a signal such as an
+    abort or a segfault, never a server left running) and a log line naming the problem."""
+    lines = [ln for ln in log_text.splitlines() if expect in ln]
+    return {"exit_code": exit_code, "line": lines[0][:300] if lines else None,
+            "ok": exit_code is not None and 0 < exit_code < 128 and bool(lines)}
 
 
 def bad_inputs(args, work):
@@ -157,18 +174,12 @@ def bad_inputs(args, work):
 
     results = {}
     for name, (path, expect) in cases.items():
-        server = Server(args.server, args.target, ["-c", "512", "-ngl", str(args.ngl), "-fa", "on",
-                                                   "--mtp-head", path, "--spec-type", "mtp"], work, f"bad-{name}")
-        try:
+        with LlamaServer(args.server, args.target, ["-c", "512", "-ngl", str(args.ngl), "-fa", "on",
+                                                    "--mtp-head", path, "--spec-type", "mtp"],
+                         os.path.join(work, f"bad-{name}.log")) as server:
             rc = server.wait_exit(args.startup_timeout)
-            text = server.log_text()
-        finally:
-            server.stop()
-        lines = [ln for ln in text.splitlines() if expect in ln]
-        # a refusal is a normal exit with status 1, never a signal (abort, segfault) or a running server
-        results[name] = {"exit_code": rc, "line": lines[0][:300] if lines else None,
-                         "ok": rc is not None and rc > 0 and rc < 128 and bool(lines)}
-        log(f"bad input {name}: exit {rc}, line: {results[name]['line']}")
+            results[name] = judge_refusal(rc, server.log_text(), expect)
+        program_log(f"bad input {name}: exit {rc}, line: {results[name]['line']}")
     return results
 
 
@@ -205,17 +216,10 @@ def run_gate(args):
             for variant, extra in variants.items():
                 key = f"{kv}_{variant}"
                 on = run_config(args, key, kv_args + extra, prompts, log_dir)
-                equal = sum(a == b for a, b in zip(on["tokens"], off["tokens"]))
                 tf = teacher_forced(args, kv_args, prompts, on["tokens"], log_dir, f"{key}-tf")
-                metrics[key] = {
-                    "outputs_equal": equal, "teacher_forced_top1": round(tf, 4),
-                    "draft_n": on["draft_n"], "draft_n_accepted": on["draft_n_accepted"],
-                    "acceptance": round(on["acceptance"], 4), "tps": round(on["tps"], 1),
-                    "speedup": round(on["tps"] / off["tps"], 3),
-                }
-                checks[f"{key}_lossless"] = equal == len(prompts) and tf >= THRESHOLDS["min_teacher_forced"]
-                checks[f"{key}_acceptance"] = on["acceptance"] >= THRESHOLDS["min_acceptance"]
-                log(f"{key}: {metrics[key]}")
+                metrics[key], checks[f"{key}_lossless"], checks[f"{key}_acceptance"] = judge_config(
+                    on, off, tf, len(prompts))
+                program_log(f"{key}: {metrics[key]}")
         # the fork-format file holds the centroid head's weights: the same drafts, token for token
         fmt = run_config(args, "f16-fork-format", ["--mtp-head", args.assistant_fork, "--spec-type", "mtp",
                                                    "--spec-draft-n-max", str(args.draft_max),
@@ -228,7 +232,7 @@ def run_gate(args):
 
         if args.twin_ff:
             # decode speed on a target that costs what a real one does: the fixture target with every FFN
-            # widened by zeros (scripts/pad_mtp_target.py) computes the same function, so the assistant
+            # widened by zeros (pad_mtp_target.py) computes the same function, so the assistant
             # drafts for it unchanged; reported, not judged
             twin = os.path.join(log_dir, "target-twin.gguf")
             pad_target(gguf, args.target, twin, args.twin_ff)
@@ -259,7 +263,7 @@ def run_gate(args):
                         "speedup": round(on_tps / off_tps, 3),
                         "speedup_per_round": [round(a["tps"] / b["tps"], 3)
                                               for a, b in zip(runs[(n_max, p_min)], runs["off"])]}
-            log(f"twin: {metrics['twin']}")
+            program_log(f"twin: {metrics['twin']}")
 
         if args.bad_input:
             bad = bad_inputs(args, log_dir)
@@ -267,7 +271,7 @@ def run_gate(args):
             checks["bad_input_refused"] = all(b["ok"] for b in bad.values())
         ok = all(checks.values())
     except Exception as e:  # the verdict says what broke; logs stay in log_dir
-        log(f"error: {e!r}")
+        program_log(f"error: {e!r}")
         metrics["error"] = repr(e)
         ok = False
     metrics["checks"] = checks
@@ -278,14 +282,14 @@ def run_gate(args):
     return metrics
 
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", required=True, help="path to llama-server")
     ap.add_argument("--target", required=True, help="gemma4 target GGUF")
     ap.add_argument("--assistant", required=True, help="gemma4-assistant GGUF, dense LM head")
     ap.add_argument("--assistant-centroid", required=True, help="gemma4-assistant GGUF with a centroid LM head")
     ap.add_argument("--assistant-fork", help="the centroid head as the fork's converter writes it "
-                    "(default: written from --assistant-centroid by scripts/gguf_rewrite.py's fork format)")
+                    "(default: written from --assistant-centroid by gguf_rewrite.py's fork format)")
     ap.add_argument("--text", required=True, help="text the prompts are cut from")
     ap.add_argument("--text-chars", type=int, default=0, help="cut prompts from the first N characters only")
     ap.add_argument("--gguf-py", required=True, help="gguf-py folder of the vendored tree")
@@ -300,11 +304,15 @@ def main():
     ap.add_argument("--no-bad-input", dest="bad_input", action="store_false")
     ap.add_argument("--startup-timeout", type=float, default=120)
     ap.add_argument("--json", action="store_true", help="print the verdict as one compact JSON line")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.twin_rounds < 1:
         ap.error("--twin-rounds must be at least 1")
+    return args
 
-    run_gate_main(run_gate, args)
+
+def main():
+    args = parse_args()
+    run_program(lambda: run_gate(args), args.json)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 Deterministic (fixed seeds, torch deterministic algorithms, fixed thread count).
 Needs torch (CPU) and numpy; gguf-py is taken from vendor/llama.cpp/gguf-py.
 
-    python scripts/train_mtp_fixture.py --out gates/data/mtp --work /tmp/mtp-work
+    python gates/mtp/train_mtp_fixture.py --out gates/mtp/data --work /tmp/mtp-work
 
 Writes into --out:
     target.gguf                  gemma4 target (byte-level 'gemma4' BPE vocab, F32)
@@ -13,7 +13,7 @@ Writes into --out:
     corpus.txt                   the training text (first chars of gates/data/llama-docs.txt)
     reference.json               prompts, PyTorch logits/greedy continuations, simulated acceptance
     MANIFEST.json                shapes, hyper-parameters, sha256 of every file
-See gates/data/mtp/README.md.
+See gates/mtp/README.md.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "vendor" / "llama.cpp" / "gguf-py"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gguf  # noqa: E402
 from mtp_fixture_model import (  # noqa: E402
@@ -380,7 +380,7 @@ def sha256(p):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "gates" / "data" / "mtp"))
+    ap.add_argument("--out", default=str(HERE / "data"))
     ap.add_argument("--work", default="/tmp/mtp-fixture-work", help="checkpoints (.pt)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
@@ -451,7 +451,7 @@ def main():
         f"centroid {ref['sim_centroid_acceptance']:.3f}")
 
     manifest = {
-        "made_by": "scripts/train_mtp_fixture.py",
+        "made_by": "gates/mtp/train_mtp_fixture.py",
         "args": {k: v for k, v in vars(args).items() if k not in ("out", "work", "reuse", "reuse_target")},
         "torch": torch.__version__,
         "corpus": {"file": "gates/data/llama-docs.txt", "chars": len(text), "tokens": len(toks)},

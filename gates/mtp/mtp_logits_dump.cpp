@@ -4,7 +4,7 @@
 // raw logits after the last prompt token and greedy is an argmax continuation of
 // N_GEN tokens (decoded one at a time through the KV cache).
 //
-// build: g++ -O2 -std=c++17 scripts/mtp_logits_dump.cpp -Ivendor/llama.cpp/include \
+// build: g++ -O2 -std=c++17 gates/mtp/mtp_logits_dump.cpp -Ivendor/llama.cpp/include \
 //          -Ivendor/llama.cpp/ggml/include -L$BIN -lllama -Wl,-rpath,$BIN -o $OUT
 // usage: [MTP_DUMP_F32_KV=1] mtp_logits_dump MODEL.gguf N_GEN < prompts.txt
 #include "llama.h"

@@ -8,7 +8,7 @@ atomic-llama-cpp-turboquant converter does (arch `gemma4_assistant`, key
 `nextn_predict_layers`, tensors `mtp.pre_projection.weight`, `mtp.post_projection.weight`,
 `mtp.centroids.weight`, `mtp.token_ordering.weight`), which 0074 loads:
 
-    python scripts/gguf_rewrite.py --gguf-py vendor/llama.cpp/gguf-py fork IN.gguf OUT.gguf
+    python gates/mtp/gguf_rewrite.py --gguf-py vendor/llama.cpp/gguf-py fork IN.gguf OUT.gguf
 """
 
 import argparse

@@ -2,12 +2,12 @@
 """Check the MTP fixture against llama.cpp (CPU build).
 
 1. tokenizer: llama-server /tokenize of each reference prompt text == the ids trained on
-2. logits: scripts/mtp_logits_dump.cpp (built here against libllama) -> final-position
+2. logits: mtp_logits_dump.cpp (beside this file, built here against libllama) -> final-position
    logits vs PyTorch's (reference.json), and a 64-token greedy continuation
 3. MTP: llama-server -m target -md assistant --spec-type draft-mtp, 8 prompts x 128
    tokens greedy; MTP-on output == MTP-off output, acceptance, decode t/s on/off
 
-    python scripts/check_mtp_fixture.py --bin build/cpu-*/bin [--fixtures gates/data/mtp]
+    python gates/mtp/check_mtp_fixture.py --bin build/cpu-*/bin [--fixtures gates/mtp/data]
 Prints a JSON summary (also written to --summary if given). Exit 1 on a failed check.
 """
 from __future__ import annotations
@@ -20,39 +20,44 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from llama_server import Server  # noqa: E402
+from polyforge.gates.server import LlamaServer
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 
 
 def ask(server, path, body):
-    status, res = server.post(path, body)
+    status, res = server.post_json(path, body)
     if status != 200:
-        raise RuntimeError(f"{server.name}: {path} returned {status}: {res}")
+        raise RuntimeError(f"{server.log_path.stem}: {path} returned {status}: {res}")
     return res
 
 
 def build_dump(bin_dir, out):
-    src = ROOT / "scripts" / "mtp_logits_dump.cpp"
+    src = HERE / "mtp_logits_dump.cpp"
     inc = ROOT / "vendor" / "llama.cpp"
     subprocess.run(["g++", "-O2", "-std=c++17", str(src), f"-I{inc / 'include'}", f"-I{inc / 'ggml' / 'include'}",
                     f"-L{bin_dir}", "-lllama", f"-Wl,-rpath,{bin_dir}", "-o", str(out)], check=True)
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", required=True)
-    ap.add_argument("--fixtures", default=str(ROOT / "gates" / "data" / "mtp"))
+    ap.add_argument("--fixtures", default=str(HERE / "data"))
     ap.add_argument("--assistant", default="assistant.gguf")
     ap.add_argument("--target", help="target GGUF for the server runs (default: FIXTURES/target.gguf), "
-                                     "e.g. a scripts/pad_mtp_target.py twin for the speed measurement")
+                                     "e.g. a pad_mtp_target.py twin for the speed measurement")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-max", type=int, default=8)
     ap.add_argument("--n-min", type=int, default=0)
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--extra", default="", help="extra llama-server args (both runs)")
     ap.add_argument("--summary")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main():
+    args = parse_args()
 
     bin_dir = Path(args.bin).resolve()
     fx = Path(args.fixtures)
@@ -94,9 +99,8 @@ def main():
 
     # 1. tokenizer + MTP-off
     runs = {}
-    srv = Server(server, target, base, tmp, "off")
-    try:
-        srv.wait_ready(60)
+    with LlamaServer(server, target, base, tmp / "off.log") as srv:
+        srv.wait_healthy(60)
         tok_eq = 0
         for p in prompts:
             t = ask(srv, "/tokenize", {"content": p["prompt_text"]})["tokens"]
@@ -104,17 +108,12 @@ def main():
         summary["tokenizer_equal"] = f"{tok_eq}/{len(prompts)}"
         ok &= tok_eq == len(prompts)
         runs["off"] = [ask(srv, "/completion", body(p)) for p in prompts]
-    finally:
-        srv.stop()
 
     spec = ["-md", str(fx / args.assistant), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(args.n_max),
             "--spec-draft-n-min", str(args.n_min)]
-    srv = Server(server, target, base + spec, tmp, "on")
-    try:
-        srv.wait_ready(60)
+    with LlamaServer(server, target, base + spec, tmp / "on.log") as srv:
+        srv.wait_healthy(60)
         runs["on"] = [ask(srv, "/completion", body(p)) for p in prompts]
-    finally:
-        srv.stop()
 
     same = sum(int(a["tokens"] == b["tokens"]) for a, b in zip(runs["off"], runs["on"]))
     ref_same = sum(int(a["tokens"] == p["greedy_ids"][:args.n_gen]) for a, p in zip(runs["off"], prompts))

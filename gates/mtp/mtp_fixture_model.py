@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # ---------------------------------------------------------------- vocab ----
-# byte-level ids (scripts/mtp_vocab.py), padded so that n_vocab divides evenly into centroid clusters
+# byte-level ids (mtp_vocab.py), padded so that n_vocab divides evenly into centroid clusters
 N_VOCAB = 288
 
 

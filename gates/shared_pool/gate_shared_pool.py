@@ -12,7 +12,8 @@ state is restored into N slots (real copies, no compute) and the added used cell
 the private cells of the agents (suffix + generated, measured in the shared run) are added.
 
 Server logs stay in the temporary log_dir reported in the metrics.
-Stdlib only. Prints one verdict JSON on stdout, logs on stderr; exit 0 only when ok.
+Stdlib + polyforge's llama-server harness (polyforge.gates.server). Prints one verdict JSON on
+stdout, logs on stderr; exit 0 only when ok.
 """
 
 import argparse
@@ -26,7 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from llama_server import Server, log, run_gate_main
+from polyforge.gates.server import LlamaServer, program_log, run_program
 
 GATE = "shared-pool"
 
@@ -79,25 +80,29 @@ def make_suffix(i):
     return memo + q
 
 
-class PoolServer(Server):
+def parse_kv_cells(metrics_text):
+    """The `llamacpp:kv_cells*` gauges of a /metrics scrape: {metric: {cache: value}}."""
+    res = {}
+    for line in metrics_text.splitlines():
+        if line.startswith("llamacpp:kv_cells"):
+            name, val = line.split(" ")
+            metric, label = name[len("llamacpp:"):].split("{")
+            cache = int(label.split('"')[1])
+            res.setdefault(metric, {})[cache] = int(float(val))
+    return res
+
+
+class PoolServer(LlamaServer):
     """llama-server with /metrics and a slot-save folder (the naive baseline restores slots)."""
 
-    def __init__(self, binary, model, args, log_dir, name, slot_dir):
-        self.slot_dir = slot_dir
-        super().__init__(binary, model, ["--metrics", "--slot-save-path", slot_dir + "/"] + list(args), log_dir, name)
+    def __init__(self, binary, model, args, log_path, slot_dir):
+        super().__init__(binary, model, ["--metrics", "--slot-save-path", slot_dir + "/"] + list(args), log_path)
 
     def kv_cells(self):
         """Scrape /metrics: {metric: {cache: value}}; the scrape also resets kv_cells_used_max."""
         st, text = self.get("/metrics")
         assert st == 200, text
-        res = {}
-        for line in text.splitlines():
-            if line.startswith("llamacpp:kv_cells"):
-                name, val = line.split(" ")
-                metric, label = name[len("llamacpp:"):].split("{")
-                cache = int(label.split('"')[1])
-                res.setdefault(metric, {})[cache] = int(float(val))
-        return res
+        return parse_kv_cells(text)
 
     def slot(self, id_slot):
         st, r = self.get("/slots")
@@ -130,6 +135,12 @@ def compare_probs(a, b, margin, info=None):
     return dmax, False, False
 
 
+def verdict(metrics, checks):
+    """ok only when checks ran and every one held."""
+    return {"gate": GATE, "ok": bool(checks) and all(checks.values()), "metrics": {**metrics, "checks": checks},
+            "thresholds": THRESHOLDS}
+
+
 def run_gate(args):
     metrics, checks = {}, {}
     log_dir = tempfile.mkdtemp(prefix="gate-shared-pool-")
@@ -142,16 +153,18 @@ def run_gate(args):
 
     def start(name, parallel, ctx, more=(), kv_unified=True):
         a = ["--parallel", str(parallel), "-c", str(ctx)] + (["--kv-unified"] if kv_unified else []) + list(more) + extra
-        s = PoolServer(args.server, args.model, a, log_dir, name, slot_dir)
+        s = PoolServer(args.server, args.model, a, os.path.join(log_dir, f"{name}.log"), slot_dir)
+        program_log(f"start {name}: {' '.join(shlex.quote(c) for c in s.argv)}")
         servers.append(s)
-        s.wait_ready(args.startup_timeout)
+        s.start()
+        s.wait_healthy(args.startup_timeout)
         return s
 
     def check(name, ok, detail=None):
         checks[name] = bool(ok)
         if detail is not None:
             metrics.setdefault("details", {})[name] = detail
-        log(("PASS " if ok else "FAIL ") + name + ("" if detail is None else f": {detail}"))
+        program_log(("PASS " if ok else "FAIL ") + name + ("" if detail is None else f": {detail}"))
 
     G = args.n_gen  # tokens generated per agent in the correctness runs
 
@@ -159,15 +172,15 @@ def run_gate(args):
         body = {"prompt": tokens, "n_predict": G, "temperature": 0.0, "cache_prompt": True, "n_probs": 3,
                 "return_tokens": True}
         body.update(kw)
-        st, r = srv.post("/completion", body)
+        st, r = srv.post_json("/completion", body)
         return st, r
 
     def run_concurrent(srv, bodies, path="/completion"):
         with ThreadPoolExecutor(max_workers=len(bodies)) as ex:
-            return list(ex.map(lambda b: srv.post(path, b), bodies))
+            return list(ex.map(lambda b: srv.post_json(path, b), bodies))
 
     def slot_action(srv, id_slot, action, filename=None):
-        st, r = srv.post(f"/slots/{id_slot}?action={action}", {"filename": filename} if filename else {})
+        st, r = srv.post_json(f"/slots/{id_slot}?action={action}", {"filename": filename} if filename else {})
         assert st == 200, (action, r)
         return r
 
@@ -203,7 +216,7 @@ def run_gate(args):
         prompts = [doc_tok + s for s in suf_tok]
         metrics["P"] = P
         metrics["suffix_n"] = [len(s) for s in suf_tok]
-        log(f"document: {P} tokens, suffixes: {metrics['suffix_n']}")
+        program_log(f"document: {P} tokens, suffixes: {metrics['suffix_n']}")
         POOL = 0
         share = {"shared_pool_slot": POOL, "shared_prefix_n_tokens": P}
 
@@ -213,7 +226,7 @@ def run_gate(args):
         errs["pool_eq_id_slot"] = cmpl(S1, prompts[0], id_slot=POOL, **share)
         errs["p_zero"] = cmpl(S1, prompts[0], shared_pool_slot=POOL, shared_prefix_n_tokens=0)
         errs["p_ge_prompt"] = cmpl(S1, prompts[0], shared_pool_slot=POOL, shared_prefix_n_tokens=len(prompts[0]))
-        errs["chat_p_ge_prompt"] = S1.post("/v1/chat/completions", {
+        errs["chat_p_ge_prompt"] = S1.post_json("/v1/chat/completions", {
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
             "shared_pool_slot": POOL, "shared_prefix_n_tokens": 100000})
         for k, (st, r) in errs.items():
@@ -290,7 +303,7 @@ def run_gate(args):
 
         def intruder():
             time.sleep(0.5)
-            intr["res"] = S1.post("/completion", dict(prompt=doc_tok + S1.tokenize("\n\nSummary:", False),
+            intr["res"] = S1.post_json("/completion", dict(prompt=doc_tok + S1.tokenize("\n\nSummary:", False),
                                                       n_predict=2, temperature=0.0))
         th = threading.Thread(target=intruder)
         th.start()
@@ -329,17 +342,17 @@ def run_gate(args):
         msgs = [[{"role": "user", "content": doc + make_suffix(i)}] for i in (0, 1)]
         POOL_CHAT = 8
         # 1. a chat request on the chat pool slot tells how the server tokenizes the chat prompt
-        st, r = S1.post("/v1/chat/completions", {"messages": msgs[0], "max_tokens": 1, "temperature": 0.0,
+        st, r = S1.post_json("/v1/chat/completions", {"messages": msgs[0], "max_tokens": 1, "temperature": 0.0,
                                                  "id_slot": POOL_CHAT})
         n_chat = r["usage"]["prompt_tokens"]
-        tmpl = [S1.post("/apply-template", {"messages": m})[1]["prompt"] for m in msgs]
+        tmpl = [S1.post_json("/apply-template", {"messages": m})[1]["prompt"] for m in msgs]
         variants = [[S1.tokenize(t, add) for t in tmpl] for add in (True, False)]
         ta, tb = next((v for v in variants if len(v[0]) == n_chat), variants[0])
         Pc = next(k for k in range(min(len(ta), len(tb))) if ta[k] != tb[k])
         # 2. the chat pool holds exactly the common prefix of the two chat prompts
         st, _ = cmpl(S1, ta[:Pc], id_slot=POOL_CHAT, n_predict=0)
         # 3. a chat request that shares it
-        st, r = S1.post("/v1/chat/completions", {"messages": msgs[1], "max_tokens": 8, "temperature": 0.0,
+        st, r = S1.post_json("/v1/chat/completions", {"messages": msgs[1], "max_tokens": 8, "temperature": 0.0,
                                                  "shared_pool_slot": POOL_CHAT, "shared_prefix_n_tokens": Pc})
         t = r.get("timings", {}) if isinstance(r, dict) else {}
         check("chat_shared", st == 200 and t.get("shared_n") == Pc and t.get("cache_n") == Pc,
@@ -476,12 +489,10 @@ def run_gate(args):
         shutil.rmtree(slot_dir, ignore_errors=True)  # saved KV state, the logs stay in log_dir
 
     metrics["seconds"] = round(time.time() - t_gate, 1)
-    metrics["checks"] = checks
-    ok = bool(checks) and all(checks.values())
-    return {"gate": GATE, "ok": ok, "metrics": metrics, "thresholds": THRESHOLDS}
+    return verdict(metrics, checks)
 
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", required=True, help="path to llama-server")
     ap.add_argument("--model", required=True, help="path to the GGUF model (Gemma 3 270M)")
@@ -496,10 +507,13 @@ def main():
     ap.add_argument("--cold-tolerance", type=float, default=THRESHOLDS["max_abs_dprob_cold"],
                     help="bound on |p_top1(shared) - p_top1(cold)| before the first divergence; the "
                          "same-batch-structure comparison stays bit-exact whatever this is")
-    args = ap.parse_args()
-    THRESHOLDS["max_abs_dprob_cold"] = args.cold_tolerance
+    return ap.parse_args(argv)
 
-    run_gate_main(run_gate, args)
+
+def main():
+    args = parse_args()
+    THRESHOLDS["max_abs_dprob_cold"] = args.cold_tolerance
+    run_program(lambda: run_gate(args), args.json)
 
 
 if __name__ == "__main__":

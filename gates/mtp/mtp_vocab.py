@@ -1,6 +1,6 @@
 """The byte-level vocabulary of the MTP test models, and its GGUF tokenizer keys (no torch).
 
-Shared by scripts/mtp_fixture_model.py (the trained fixture, 288 ids) and
+Shared by gates/mtp/mtp_fixture_model.py (the trained fixture, 288 ids) and
 scripts/bench_mtp_head.py (random E2B-shaped models, 262144 ids). Ids: 0 <pad>, 1 <eos>, 2 <bos>,
 3 <unk>, 4..259 <0x00>..<0xFF>, 260 U+2581 (space), then <unusedN> up to n_vocab. Under
 llama.cpp's 'gemma4' BPE tokenizer every character but ' ' falls back to its UTF-8 byte tokens.
