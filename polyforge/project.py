@@ -5,57 +5,44 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from .errors import BadInput
 
 PIN_FILE = "vendor/pin.yaml"
 
 
+class _Below:
+    """A path the project keeps at a fixed place below its root: `Project.tree_dir` is
+    `project.root / "vendor/llama.cpp"`."""
+
+    def __init__(self, relative: str, doc: str | None = None) -> None:
+        self.relative = relative
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, project: None, owner: type) -> _Below: ...
+    @overload
+    def __get__(self, project: Project, owner: type) -> Path: ...
+
+    def __get__(self, project: Project | None, owner: type) -> Path | _Below:
+        return self if project is None else project.root / self.relative
+
+
 @dataclass(frozen=True)
 class Project:
     root: Path
 
-    @property
-    def pin_file(self) -> Path:
-        return self.root / PIN_FILE
-
-    @property
-    def vendor_dir(self) -> Path:
-        return self.root / "vendor"
-
-    @property
-    def tree_dir(self) -> Path:
-        """The vendored llama.cpp tree, its own git repository."""
-        return self.vendor_dir / "llama.cpp"
-
-    @property
-    def backups_dir(self) -> Path:
-        return self.vendor_dir / "backups"
-
-    @property
-    def lock_path(self) -> Path:
-        """Serialises every command that reads or changes the vendored tree."""
-        return self.vendor_dir / ".lock"
-
-    @property
-    def patches_dir(self) -> Path:
-        return self.root / "patches"
-
-    @property
-    def chain_lock_file(self) -> Path:
-        return self.patches_dir / "chain.lock"
-
-    @property
-    def build_root(self) -> Path:
-        return self.root / "build"
-
-    @property
-    def gates_dir(self) -> Path:
-        return self.root / "gates"
-
-    @property
-    def scripts_dir(self) -> Path:
-        return self.root / "scripts"
+    pin_file = _Below(PIN_FILE)
+    vendor_dir = _Below("vendor")
+    tree_dir = _Below("vendor/llama.cpp", "The vendored llama.cpp tree, its own git repository.")
+    backups_dir = _Below("vendor/backups")
+    lock_path = _Below("vendor/.lock", "Serialises every command that reads or changes the vendored tree.")
+    patches_dir = _Below("patches")
+    chain_lock_file = _Below("patches/chain.lock")
+    build_root = _Below("build")
+    gates_dir = _Below("gates")
+    scripts_dir = _Below("scripts")
 
 
 def find_project(start: Path | None = None) -> Project:

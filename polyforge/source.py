@@ -227,12 +227,26 @@ class Git(SourceKind):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Archive(SourceKind):
+class _AtLocation(SourceKind, abc.ABC):
+    """A source found at a `location` that may use ${VAR}: a machine without the variable set
+    lacks the source (materialize), while the command line shows it expanded as far as it can."""
+
+    location: str = ""
+
+    def _location_here(self) -> str:
+        return _expanded(self.location, self.name)
+
+    @property
+    def _spelled_location(self) -> str:
+        return f"{self.kind}:{os.path.expandvars(self.location)}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Archive(_AtLocation):
     """A tar or zip file at a path or URL; the tree is `subdir` inside it (default: its one top folder)."""
 
     kind: ClassVar[str] = "archive"
     usage: ClassVar[str] = "archive:PATH_OR_URL[#subdir]"
-    location: str = ""  # may use ${VAR}
     sha256: str | None = None  # None: the tree id alone proves it
     subdir: str | None = None
 
@@ -257,10 +271,10 @@ class Archive(SourceKind):
 
     @property
     def spelling(self) -> str:
-        return f"{self.kind}:{os.path.expandvars(self.location)}" + (f"#{self.subdir}" if self.subdir else "")
+        return self._spelled_location + (f"#{self.subdir}" if self.subdir else "")
 
     def materialize(self, cache: Path, dest: Path) -> Path:
-        location = _expanded(self.location, self.name)
+        location = self._location_here()
         parsed = urllib.parse.urlsplit(location)
         if parsed.scheme in ("http", "https"):
             archive = cached_download(cache, location, PurePosixPath(parsed.path).name, self.sha256)
@@ -277,12 +291,11 @@ class Archive(SourceKind):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Dir(SourceKind):
+class Dir(_AtLocation):
     """A local folder holding the tree."""
 
     kind: ClassVar[str] = "dir"
     usage: ClassVar[str] = "dir:PATH"
-    location: str = ""  # may use ${VAR}
 
     @classmethod
     def from_pin(cls, raw: dict, name: str, where: str, commit: str) -> "Dir":
@@ -298,10 +311,10 @@ class Dir(SourceKind):
 
     @property
     def spelling(self) -> str:
-        return f"{self.kind}:{os.path.expandvars(self.location)}"
+        return self._spelled_location
 
     def materialize(self, cache: Path, dest: Path) -> Path:
-        folder = Path(_expanded(self.location, self.name)).expanduser()
+        folder = Path(self._location_here()).expanduser()
         if not folder.is_dir():
             raise BadInput(f"source folder not found: {folder}")
         shutil.copytree(folder, dest, ignore=lambda _folder, names: [n for n in names if n in _SKIP_NAMES],

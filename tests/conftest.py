@@ -141,6 +141,15 @@ def capture(proj: Proj, name: str, edits: dict[str, str | None], message: str | 
     return proj.chain().capture(name, message)
 
 
+@pytest.fixture
+def chained(fetched: Proj) -> Proj:
+    """A fetched project with a chain of two patches (0001-a, 0002-b), neither applied."""
+    capture(fetched, "0001-a", {"src/llama.h": "#pragma once\nint f0(void);\nint f1(void);\n"})
+    capture(fetched, "0002-b", {"src/llama.cpp": fetched.read("src/llama.cpp").replace("return 7;", "return 70;")})
+    fetched.chain().unapply()
+    return fetched
+
+
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
     full_env.pop("COLUMNS", None)

@@ -209,7 +209,9 @@ def test_build_manifest_reuse_and_incremental_live_edit(tiny):
     assert not again.configured
     assert "no work to do" in (plan.build_dir / "build.log").read_text()
     assert again.manifest.as_dict()["artifacts"] == manifest["artifacts"]
-    assert build_lib.read_manifest(plan.build_dir).as_dict() == manifest  # the file round-trips
+    # the file round-trips (read back now: the no-op build above rewrote it, built_at included)
+    on_disk = json.loads((plan.build_dir / "manifest.json").read_text())
+    assert build_lib.read_manifest(plan.build_dir).as_dict() == on_disk == again.manifest.as_dict()
     # a live edit rebuilds in the same directory and the manifest records the new live tree
     tiny.write("tools/cli.c", CMAKE_FILES["tools/cli.c"].replace("int main(void) {", "int main(void) { puts(\"x\");"))
     edited_plan = _plan(tiny)

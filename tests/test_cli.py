@@ -13,14 +13,6 @@ from polyforge.filelock import FileLock
 from polyforge.git import Git
 
 
-@pytest.fixture
-def chained(fetched: Proj) -> Proj:
-    capture(fetched, "0001-a", {"src/llama.h": "#pragma once\nint f0(void);\nint f1(void);\n"})
-    capture(fetched, "0002-b", {"src/llama.cpp": fetched.read("src/llama.cpp").replace("return 7;", "return 70;")})
-    fetched.chain().unapply()
-    return fetched
-
-
 def test_main_flow_and_json(chained: Proj):
     done = run_cli("apply", "--json", cwd=chained.root)
     assert done.returncode == 0, done.stderr

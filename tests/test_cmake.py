@@ -76,20 +76,26 @@ def test_tools_come_from_the_python_packages(monkeypatch):
     assert cmake.tool_version("/nonexistent/tool") is None
 
 
-def test_stream_delivers_lines_while_the_child_runs(tmp_path):
-    """The child waits for a file that only the line callback creates: it can finish only
-    if each line arrives before the child exits (a pipe that ninja block-buffers would not)."""
-    flag = tmp_path / "seen"
-    script = write_script(tmp_path / "child.py", f"""\
+def _child_waiting_for(flag: Path, path: Path, *, flush_first_line: bool, polls: int) -> Path:
+    """A child that prints "[1/2] first", then waits (polls x 50 ms) for `flag` to exist: then it
+    prints "[2/2] second" and exits 0; if it never appears, exits 7."""
+    return write_script(path, f"""\
         import os, sys, time
-        print("[1/2] first", flush=True)
-        for _ in range(100):
+        print("[1/2] first"{", flush=True" if flush_first_line else ""})
+        for _ in range({polls}):
             if os.path.exists({str(flag)!r}):
                 print("[2/2] second")
                 sys.exit(0)
             time.sleep(0.05)
         sys.exit(7)
         """)
+
+
+def test_stream_delivers_lines_while_the_child_runs(tmp_path):
+    """The child waits for a file that only the line callback creates: it can finish only
+    if each line arrives before the child exits (a pipe that ninja block-buffers would not)."""
+    flag = tmp_path / "seen"
+    script = _child_waiting_for(flag, tmp_path / "child.py", flush_first_line=True, polls=100)
     lines = []
 
     def on_line(line):
@@ -105,16 +111,8 @@ def test_stream_delivers_lines_while_the_child_runs(tmp_path):
 def test_stream_tty_unbuffers_a_buffering_child(tmp_path):
     """stdio block-buffers a pipe; on the pty (tty=True) the first line comes at once."""
     flag = tmp_path / "seen"
-    script = write_script(tmp_path / "child.py", f"""\
-        import os, sys, time
-        print("[1/2] first")   # no flush: buffered on a pipe, line-buffered on a tty
-        for _ in range(60):
-            if os.path.exists({str(flag)!r}):
-                print("[2/2] second")
-                sys.exit(0)
-            time.sleep(0.05)
-        sys.exit(7)
-        """)
+    # no flush: the first line is buffered on a pipe, line-buffered on a tty
+    script = _child_waiting_for(flag, tmp_path / "child.py", flush_first_line=False, polls=60)
     assert proc.stream([script], log_path=tmp_path / "a.log", on_line=lambda l: flag.touch(), tty=True, env=BUFFERED) == 0
     flag.unlink()
     assert proc.stream([script], log_path=tmp_path / "b.log", on_line=lambda l: flag.touch(), tty=False, env=BUFFERED) == 7

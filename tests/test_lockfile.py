@@ -17,32 +17,24 @@ def test_round_trip(tmp_path):
     assert ChainLock.read(tmp_path / "absent.lock") is None
 
 
-@pytest.mark.parametrize("data, fragment", [
-    (b"[" * 100000 + b"]" * 100000 + b"\n", "nested too deeply"),  # RecursionError inside json
-    (b"{ not json\n", "not valid JSON"),
-    (b'{"version": 1, "base_tree": "\xff\xfe"}\n', "not UTF-8"),
-])
-def test_malformed_lock_is_bad_input(tmp_path, data, fragment):
+def test_lock_that_is_not_json_is_bad_input(tmp_path):
+    # unreadable text (not UTF-8, nested too deeply, a folder): tests/test_textfile.py
     path = tmp_path / "chain.lock"
-    path.write_bytes(data)
-    with pytest.raises(BadInput, match=fragment) as info:
+    path.write_bytes(b"{ not json\n")
+    with pytest.raises(BadInput, match="not valid JSON") as info:
         ChainLock.read(path)
     assert "chain.lock" in info.value.message and "\n" not in info.value.message
 
 
-def test_lock_that_is_a_folder_is_bad_input(tmp_path):
+def test_lock_cannot_be_written_over_a_folder(tmp_path):
     (tmp_path / "chain.lock").mkdir()
-    with pytest.raises(BadInput, match="chain.lock: is a folder"):
-        ChainLock.read(tmp_path / "chain.lock")
     with pytest.raises(BadInput, match="it is a folder"):
         LOCK.write(tmp_path / "chain.lock")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.lock"], "no .tmp left behind"
 
 
-def test_lock_under_a_file_is_bad_input(tmp_path):
+def test_lock_cannot_be_written_under_a_file(tmp_path):
     (tmp_path / "patches").write_text("not a folder\n")
-    with pytest.raises(BadInput, match="a parent is not a folder"):
-        ChainLock.read(tmp_path / "patches" / "chain.lock")
     with pytest.raises(BadInput, match="a parent is not a folder"):
         LOCK.write(tmp_path / "patches" / "chain.lock")
     assert (tmp_path / "patches").read_text() == "not a folder\n"

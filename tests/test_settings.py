@@ -87,22 +87,4 @@ def test_env_location(monkeypatch, tmp_path):
     assert src.spelling == "archive:/srv/x.tar.gz"
 
 
-@pytest.mark.parametrize("data, fragment", [
-    (b"upstream:\n  project: caf\xe9\n", "not UTF-8"),  # latin-1: UnicodeDecodeError while reading
-    (b"[" * 100000 + b"]" * 100000 + b"\n", "nested too deeply"),  # RecursionError inside yaml
-])
-def test_unreadable_pin_is_one_line_bad_input(tmp_path, data, fragment):
-    path = tmp_path / "pin.yaml"
-    path.write_bytes(data)
-    with pytest.raises(BadInput, match=fragment) as info:
-        Pin.load(path)
-    assert "pin.yaml" in info.value.message and "\n" not in info.value.message
-
-
-def test_pin_that_is_a_folder_is_bad_input(tmp_path):
-    (tmp_path / "pin.yaml").mkdir()
-    with pytest.raises(BadInput, match="pin.yaml: is a folder"):
-        Pin.load(tmp_path / "pin.yaml")
-    (tmp_path / "vendor").write_text("a file\n")
-    with pytest.raises(BadInput, match="a parent is not a folder"):
-        Pin.load(tmp_path / "vendor" / "pin.yaml")
+# unreadable pins (not UTF-8, nested too deeply, a folder): tests/test_textfile.py

@@ -168,25 +168,17 @@ def test_capture_after_a_dead_run(fetched: Proj):
 
 
 # -- the CLI, end to end ----------------------------------------------------------------------
-@pytest.fixture
-def two_patches(fetched: Proj) -> Proj:
-    capture(fetched, "0001-a", {"src/llama.h": "#pragma once\nint f0(void);\nint f1(void);\n"})
-    capture(fetched, "0002-b", {"src/llama.cpp": fetched.read("src/llama.cpp").replace("return 7;", "return 70;")})
-    fetched.chain().unapply()
-    return fetched
-
-
 def _status_loop(root: Path, stop: threading.Event, answers: list) -> None:
     while not stop.is_set():
         answers.append(run_cli("status", "--json", cwd=root))
 
 
-def test_status_in_a_loop_never_breaks_apply_or_unapply(two_patches: Proj):
+def test_status_in_a_loop_never_breaks_apply_or_unapply(chained: Proj):
     """A real race: two status loops beside up to 6 rounds of apply + unapply (bounded by a deadline).
     Every writer must succeed; every status answer must be a true state, or 'busy'."""
     stop = threading.Event()
     answers: list[subprocess.CompletedProcess] = []
-    readers = [threading.Thread(target=_status_loop, args=(two_patches.root, stop, answers)) for _ in range(2)]
+    readers = [threading.Thread(target=_status_loop, args=(chained.root, stop, answers)) for _ in range(2)]
     for reader in readers:
         reader.start()
     rounds = 0
@@ -194,7 +186,7 @@ def test_status_in_a_loop_never_breaks_apply_or_unapply(two_patches: Proj):
         deadline = time.monotonic() + 30
         while rounds < 6 and time.monotonic() < deadline:
             for command in ("apply", "unapply"):
-                done = run_cli(command, cwd=two_patches.root)
+                done = run_cli(command, cwd=chained.root)
                 assert done.returncode == 0, (command, rounds, done.stderr)
             rounds += 1
     finally:
@@ -212,48 +204,48 @@ def test_status_in_a_loop_never_breaks_apply_or_unapply(two_patches: Proj):
         assert info["live_edits"] == [] and info["interrupted"] is None, info
 
 
-def test_a_symlinked_build_folder_changes_nothing(two_patches: Proj, tmp_path):
-    _build_outputs(two_patches, tmp_path / "elsewhere")
+def test_a_symlinked_build_folder_changes_nothing(chained: Proj, tmp_path):
+    _build_outputs(chained, tmp_path / "elsewhere")
     for command in ("status", "apply", "verify-patches", "status", "unapply", "status"):
-        done = run_cli(command, cwd=two_patches.root)
+        done = run_cli(command, cwd=chained.root)
         assert done.returncode == 0, (command, done.stderr)
-    assert two_patches.chain().tree.snapshot() == two_patches.upstream.tree
-    assert (two_patches.tree / "build" / "CMakeCache.txt").read_text() == "cache\n"
+    assert chained.chain().tree.snapshot() == chained.upstream.tree
+    assert (chained.tree / "build" / "CMakeCache.txt").read_text() == "cache\n"
 
 
-def test_corrupt_state_via_the_cli_is_one_line(two_patches: Proj):
-    (two_patches.tree / ".git" / "polyforge" / "state.json").write_text("{not json")
+def test_corrupt_state_via_the_cli_is_one_line(chained: Proj):
+    (chained.tree / ".git" / "polyforge" / "state.json").write_text("{not json")
     for command in ("status", "apply"):
-        assert_clean_error(run_cli(command, cwd=two_patches.root), 2, "state.json is corrupt")
+        assert_clean_error(run_cli(command, cwd=chained.root), 2, "state.json is corrupt")
 
 
-def test_a_lock_file_that_cannot_be_opened_via_the_cli(two_patches: Proj):
-    (two_patches.root / "vendor" / ".lock").mkdir()
+def test_a_lock_file_that_cannot_be_opened_via_the_cli(chained: Proj):
+    (chained.root / "vendor" / ".lock").mkdir()
     for command in ("status", "apply"):
-        assert_clean_error(run_cli(command, cwd=two_patches.root), 3, "cannot open the vendored tree lock")
+        assert_clean_error(run_cli(command, cwd=chained.root), 3, "cannot open the vendored tree lock")
 
 
-def test_the_command_after_a_dead_run_recovers(two_patches: Proj):
-    before = two_patches.chain().tree.snapshot()
-    dead = _die_holding_the_project_lock(two_patches, LEFT_BY_A_DEAD_RUN)
-    done = run_cli("status", "--json", cwd=two_patches.root)
+def test_the_command_after_a_dead_run_recovers(chained: Proj):
+    before = chained.chain().tree.snapshot()
+    dead = _die_holding_the_project_lock(chained, LEFT_BY_A_DEAD_RUN)
+    done = run_cli("status", "--json", cwd=chained.root)
     info = json.loads(done.stdout)
     assert done.returncode == 0 and info["git_locks"]["removable"], (done.stderr, info)
-    assert "the next command removes" in run_cli("status", cwd=two_patches.root).stderr
-    done = run_cli("apply", cwd=two_patches.root)
+    assert "the next command removes" in run_cli("status", cwd=chained.root).stderr
+    done = run_cli("apply", cwd=chained.root)
     assert done.returncode == 0, done.stderr
     assert f"removed a stale .git/index.lock left by a polyforge run that died (pid {dead})" in done.stderr
-    assert run_cli("verify-patches", cwd=two_patches.root).returncode == 0
-    assert run_cli("unapply", cwd=two_patches.root).returncode == 0
-    assert two_patches.chain().tree.snapshot() == before
+    assert run_cli("verify-patches", cwd=chained.root).returncode == 0
+    assert run_cli("unapply", cwd=chained.root).returncode == 0
+    assert chained.chain().tree.snapshot() == before
 
 
-def test_status_is_not_ok_with_a_lock_file_the_next_command_would_trip_on(two_patches: Proj):
-    (two_patches.tree / ".git" / "index.lock").write_text("")
-    done = run_cli("status", "--json", cwd=two_patches.root)
+def test_status_is_not_ok_with_a_lock_file_the_next_command_would_trip_on(chained: Proj):
+    (chained.tree / ".git" / "index.lock").write_text("")
+    done = run_cli("status", "--json", cwd=chained.root)
     info = json.loads(done.stdout)
     assert done.returncode == 1 and info["ok"] is False and info["git_locks"]["blocking"] == [".git/index.lock"]
-    assert_clean_error(run_cli("apply", cwd=two_patches.root), 3, ".git/index.lock exists")
+    assert_clean_error(run_cli("apply", cwd=chained.root), 3, ".git/index.lock exists")
 
 
 def _many_files_project(tmp_path: Path, monkeypatch, count: int) -> Proj:
@@ -335,13 +327,13 @@ def _apply_cut_short(chain) -> None:
                 chain.apply()
 
 
-def test_a_journal_of_no_real_run_changes_nothing(two_patches: Proj):
+def test_a_journal_of_no_real_run_changes_nothing(chained: Proj):
     """issue 14 (env-journal-bogus-commit): recovery used to reset the live tree to to_tree first,
     wiping the user's uncaptured edit, and only then fail on the bogus from_commit."""
     from polyforge.status import read as read_status
-    chain = two_patches.chain()
+    chain = chained.chain()
     chain.apply()
-    two_patches.write("docs/build.md", "a user edit nobody captured\n")
+    chained.write("docs/build.md", "a user edit nobody captured\n")
     tree = chain.tree
     head, head_tree, base = tree.head(), tree.head_tree(), tree.baseline_commit()
     bogus = [dict(op="apply", from_commit="f" * 40, to_tree=head_tree),         # no such commit
@@ -351,54 +343,54 @@ def test_a_journal_of_no_real_run_changes_nothing(two_patches: Proj):
              dict(op="apply", from_commit=12, to_tree=None),                    # not ids at all
              dict(op="apply", from_commit=base, to_tree=tree.baseline_tree())]  # HEAD is neither
     for journal in bogus:
-        _write_journal(two_patches, **journal)
+        _write_journal(chained, **journal)
         with pytest.raises(BadInput, match="journal.json") as caught:
-            with two_patches.chain().locked():
+            with chained.chain().locked():
                 pass
         assert "delete" in caught.value.hint and "\n" not in caught.value.message
-        info = read_status(two_patches.chain()).as_dict()
+        info = read_status(chained.chain()).as_dict()
         assert info["ok"] is False and "journal.json" in info["journal_problem"], journal
-        assert two_patches.read("docs/build.md") == "a user edit nobody captured\n", journal
-        assert tree.head() == head and _journal_file(two_patches).exists(), journal
-    _write_journal(two_patches, **bogus[0])
-    assert_clean_error(run_cli("apply", cwd=two_patches.root), 2, "ffffffffffff")
-    assert run_cli("status", cwd=two_patches.root).returncode == 1
-    assert two_patches.read("docs/build.md") == "a user edit nobody captured\n"
+        assert chained.read("docs/build.md") == "a user edit nobody captured\n", journal
+        assert tree.head() == head and _journal_file(chained).exists(), journal
+    _write_journal(chained, **bogus[0])
+    assert_clean_error(run_cli("apply", cwd=chained.root), 2, "ffffffffffff")
+    assert run_cli("status", cwd=chained.root).returncode == 1
+    assert chained.read("docs/build.md") == "a user edit nobody captured\n"
 
 
-def test_recovery_refuses_to_overwrite_an_edit_made_after_the_crash(two_patches: Proj):
+def test_recovery_refuses_to_overwrite_an_edit_made_after_the_crash(chained: Proj):
     """A real interrupted apply, then the user edits a file: rolling back would lose the edit, so
     nothing moves until it is saved; a file the move had half-done (or deleted) is no edit."""
-    chain = two_patches.chain()
+    chain = chained.chain()
     before = chain.tree.snapshot()
     _apply_cut_short(chain)
     edited = "src/llama.h"
-    two_patches.write(edited, "edited after the crash\n")
-    (two_patches.tree / "src" / "llama.cpp").unlink()  # a move cut short between unlink and write
+    chained.write(edited, "edited after the crash\n")
+    (chained.tree / "src" / "llama.cpp").unlink()  # a move cut short between unlink and write
     with pytest.raises(BadInput, match=f"{edited} in .* is neither") as caught:
-        with two_patches.chain().locked():
+        with chained.chain().locked():
             pass
     assert "checkout HEAD -- src/llama.h" in caught.value.hint
-    assert two_patches.read(edited) == "edited after the crash\n" and _journal_file(two_patches).exists()
-    assert "neither" in status_info_problem(two_patches)
-    subprocess.run(["git", "-C", str(two_patches.tree), "checkout", "HEAD", "--", edited], check=True)
-    with two_patches.chain().locked() as notices:
+    assert chained.read(edited) == "edited after the crash\n" and _journal_file(chained).exists()
+    assert "neither" in status_info_problem(chained)
+    subprocess.run(["git", "-C", str(chained.tree), "checkout", "HEAD", "--", edited], check=True)
+    with chained.chain().locked() as notices:
         assert any("interrupted apply" in n for n in notices)
-    assert not _journal_file(two_patches).exists()
-    assert two_patches.chain().tree.snapshot() == before
+    assert not _journal_file(chained).exists()
+    assert chained.chain().tree.snapshot() == before
 
 
-def test_recovery_takes_a_file_git_was_half_way_through_writing(two_patches: Proj):
+def test_recovery_takes_a_file_git_was_half_way_through_writing(chained: Proj):
     """kill -9 while git writes a file leaves a prefix of the version it was writing: that is the
     move's own debris, not an edit, and the rollback restores the file."""
-    chain = two_patches.chain()
+    chain = chained.chain()
     before = chain.tree.snapshot()
     _apply_cut_short(chain)
-    written = two_patches.read("src/llama.cpp")  # 0002-b's version, as the move wrote it
-    two_patches.write("src/llama.cpp", written[: len(written) // 3])
-    with two_patches.chain().locked() as notices:
+    written = chained.read("src/llama.cpp")  # 0002-b's version, as the move wrote it
+    chained.write("src/llama.cpp", written[: len(written) // 3])
+    with chained.chain().locked() as notices:
         assert any("interrupted apply" in n for n in notices)
-    assert two_patches.chain().tree.snapshot() == before
+    assert chained.chain().tree.snapshot() == before
 
 
 def status_info_problem(p: Proj) -> str:
@@ -408,9 +400,9 @@ def status_info_problem(p: Proj) -> str:
     return info["journal_problem"]
 
 
-def test_recovery_after_the_branch_moved(two_patches: Proj):
+def test_recovery_after_the_branch_moved(chained: Proj):
     """Cut short after update-ref (HEAD at the new commit, journal still there): rolled back too."""
-    chain = two_patches.chain()
+    chain = chained.chain()
     before, head = chain.tree.snapshot(), chain.tree.head()
     real_sync = type(chain.tree).sync_index
     calls = []
@@ -424,8 +416,8 @@ def test_recovery_after_the_branch_moved(two_patches: Proj):
         with pytest.raises(KeyboardInterrupt):
             with chain.locked():
                 chain.apply()
-    assert calls and chain.tree.head() != head and _journal_file(two_patches).exists()
+    assert calls and chain.tree.head() != head and _journal_file(chained).exists()
     assert type(chain.tree).sync_index is real_sync
-    with two_patches.chain().locked() as notices:
+    with chained.chain().locked() as notices:
         assert any("interrupted apply" in n for n in notices)
     assert chain.tree.head() == head and chain.tree.snapshot() == before

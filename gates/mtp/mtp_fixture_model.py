@@ -33,11 +33,13 @@ N_VOCAB = 288
 
 
 # ---------------------------------------------------------------- configs ----
+# A config's field order is the key order cfg_dict gives MANIFEST.json: its widths, then the
+# layer stack's fields, then its own (dataclass fields follow the bases' reversed MRO).
 @dataclass
-class TargetCfg:
-    n_vocab: int = N_VOCAB
-    d: int = 128
-    layer_types: list = field(default_factory=lambda: ["sliding_attention"] * 3 + ["full_attention"])
+class _LayerStackCfg:
+    """The layers both models are made of. The assistant attends to the target's own K/V, so the
+    attention geometry and RoPE are the target's in both."""
+    layer_types: list = field(default_factory=list)
     n_head: int = 4
     hd_swa: int = 64   # turbo KV blocks are 64 values: head sizes must be multiples of 64 (gate mtp runs turbo3)
     hd_full: int = 64
@@ -50,9 +52,6 @@ class TargetCfg:
     partial_full: float = 0.25
     n_swa: int = 64
     n_ctx: int = 2048
-    # llama.cpp applies 30.0 when gemma4.final_logit_softcapping is absent (llama-hparams.h:137);
-    # we train with it and write the key explicitly
-    final_softcap: float = 30.0
 
     @property
     def n_layer(self):
@@ -60,29 +59,32 @@ class TargetCfg:
 
 
 @dataclass
-class AssistantCfg:
+class _TargetWidths:
+    n_vocab: int = N_VOCAB
+    d: int = 128
+
+
+@dataclass
+class TargetCfg(_LayerStackCfg, _TargetWidths):
+    layer_types: list = field(default_factory=lambda: ["sliding_attention"] * 3 + ["full_attention"])
+    # llama.cpp applies 30.0 when gemma4.final_logit_softcapping is absent (llama-hparams.h:137);
+    # we train with it and write the key explicitly
+    final_softcap: float = 30.0
+
+
+@dataclass
+class _AssistantWidths:
     n_vocab: int = N_VOCAB
     d: int = 64
-    d_backbone: int = 128
+    d_backbone: int = 128  # the target's d: the width of the hidden state it receives
+
+
+@dataclass
+class AssistantCfg(_LayerStackCfg, _AssistantWidths):
     layer_types: list = field(default_factory=lambda: ["sliding_attention", "full_attention"])
-    n_head: int = 4
-    hd_swa: int = 64   # turbo KV blocks are 64 values: head sizes must be multiples of 64 (gate mtp runs turbo3)
-    hd_full: int = 64
-    nkv_swa: int = 2
-    nkv_full: int = 1
     n_ff: int = 512   # the head has to replay the memorised text on its own for 8 steps
-    eps: float = 1e-6
-    base_full: float = 1_000_000.0
-    base_swa: float = 10_000.0
-    partial_full: float = 0.25
-    n_swa: int = 64
-    n_ctx: int = 2048
     num_centroids: int = 32
     centroid_top_k: int = 4
-
-    @property
-    def n_layer(self):
-        return len(self.layer_types)
 
 
 def rope_freq_factors(hd_full: int, partial: float) -> torch.Tensor:

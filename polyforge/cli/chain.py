@@ -16,11 +16,7 @@ from ..console import err
 from ..errors import BadInput, VerificationFailed
 from ..project import find_project
 from . import app
-from .render import emit_json, say
-
-
-def _chain_with_notices() -> Chain:
-    return Chain(find_project())
+from .render import emit_json, locked_saying_notices, say
 
 
 @app.command()
@@ -30,19 +26,11 @@ def apply(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Apply the chain (patches/*.patch in lexical order) to the vendored tree, atomically."""
-    chain = _chain_with_notices()
-    with chain.locked() as notices:
-        for notice in notices:
-            say(f"[yellow]{notice}[/]")
+    chain = Chain(find_project())
+    with locked_saying_notices(chain):
         report = chain.apply(to, allow_offset)
-    if json_out:
-        emit_json({"ok": True, "patches": report})
-        return
-    for row in report:
-        extra = f" [yellow](offsets: {', '.join(row['offsets'])})[/]" if row.get("offsets") else ""
-        say(f"  {row['name']}: {row['status']}{extra}")
-    say(f"[green]ok[/] {sum(r['status'] == 'applied' for r in report)} applied, "
-        f"{sum(r['status'] != 'applied' for r in report)} already applied")
+    applied = sum(row["status"] == "applied" for row in report)
+    _render_patch_report(report, json_out, f"{applied} applied, {len(report) - applied} already applied")
 
 
 @app.command()
@@ -51,23 +39,28 @@ def unapply(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Reverse-apply patches from the top, verified by tree id."""
-    chain = _chain_with_notices()
-    with chain.locked() as notices:
-        for notice in notices:
-            say(f"[yellow]{notice}[/]")
+    chain = Chain(find_project())
+    with locked_saying_notices(chain):
         report = chain.unapply(to)
+    _render_patch_report(report, json_out, f"{len(report)} unapplied")
+
+
+def _render_patch_report(report: list[dict], json_out: bool, summary: str) -> None:
+    """apply's or unapply's report: a line a patch (with the offsets its hunks applied at, if
+    any), then the summary."""
     if json_out:
         emit_json({"ok": True, "patches": report})
         return
     for row in report:
-        say(f"  {row['name']}: {row['status']}")
-    say(f"[green]ok[/] {len(report)} unapplied")
+        offsets = f" [yellow](offsets: {', '.join(row['offsets'])})[/]" if row.get("offsets") else ""
+        say(f"  {row['name']}: {row['status']}{offsets}")
+    say(f"[green]ok[/] {summary}")
 
 
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Pin and baseline, applied and unapplied patches, live edits, lock drift."""
-    chain = _chain_with_notices()
+    chain = Chain(find_project())
     info = status_lib.read(chain)
     if json_out:
         emit_json(info.as_dict())
@@ -104,18 +97,24 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
         say(f"  {e['status']} {e['path']}")
     if len(edits) > 20:
         say(f"  ... and {len(edits) - 20} more")
-    for d in info.lock_drift:
-        say(f"[red]lock drift[/] {d}")
-    if info.journal_problem:
-        say(f"[red]journal[/] {info.journal_problem}: the next command refuses to run until it is resolved")
-    elif info.interrupted:
-        say(f"[yellow]an interrupted {info.interrupted} will be recovered by the next command[/]")
-    for rel in info.git_locks.removable:
-        say(f"[yellow]{rel} was left by a polyforge run that died: the next command removes it[/]")
-    for rel in info.git_locks.blocking:
-        say(f"[red]{rel} exists[/]: a git process is at work in the vendored tree, or one died; "
-            "the next command stops on it")
+    for warning in _status_warnings(info):
+        say(warning)
     raise typer.Exit(0 if info.ok else 1)
+
+
+def _status_warnings(info: status_lib.ChainStatus) -> list[str]:
+    """What status warns of after the live edits: chain.lock drift, and what the next command
+    will recover or stop on (red: it stops)."""
+    warnings = [f"[red]lock drift[/] {drift}" for drift in info.lock_drift]
+    if info.journal_problem:
+        warnings.append(f"[red]journal[/] {info.journal_problem}: the next command refuses to run until it is resolved")
+    elif info.interrupted:
+        warnings.append(f"[yellow]an interrupted {info.interrupted} will be recovered by the next command[/]")
+    warnings += [f"[yellow]{rel} was left by a polyforge run that died: the next command removes it[/]"
+                 for rel in info.git_locks.removable]
+    warnings += [f"[red]{rel} exists[/]: a git process is at work in the vendored tree, or one died; "
+                 "the next command stops on it" for rel in info.git_locks.blocking]
+    return warnings
 
 
 @app.command()
@@ -129,7 +128,7 @@ def capture(
 ) -> None:
     """Turn the live edits on top of the applied chain into a new patch."""
     message = _message(message, message_file)
-    chain = _chain_with_notices()
+    chain = Chain(find_project())
     with chain.locked():
         info = chain.capture(name, message, upstream_status, author)
     if json_out:
@@ -148,7 +147,7 @@ def refresh(
 ) -> None:
     """Regenerate the top applied patch from the live tree (canonical form)."""
     message = _message(message, message_file)
-    chain = _chain_with_notices()
+    chain = Chain(find_project())
     with chain.locked():
         info = chain.refresh(check, message)
     if json_out:
@@ -177,7 +176,7 @@ def _say_rebased(info: dict) -> None:
 @app.command()
 def lock(json_out: bool = typer.Option(False, "--json")) -> None:
     """Rewrite patches/chain.lock after an intended change to the chain."""
-    chain = _chain_with_notices()
+    chain = Chain(find_project())
     with chain.locked():
         result = chain.relock()
     if json_out:
@@ -195,7 +194,7 @@ def verify_patches(
     if junit_file is not None and (junit_file.is_dir() or not junit_file.parent.is_dir()):
         # refused before the proof: a typo should not cost a whole proof
         raise BadInput(f"--junit {junit_file}: " + ("is a folder" if junit_file.is_dir() else "its folder does not exist"))
-    chain = _chain_with_notices()
+    chain = Chain(find_project())
     with chain.locked():
         proof = verify_lib.verify(chain)
     if junit_file is not None:

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
 
-from .. import build as build_lib
 from .. import pipeline
 from ..chain import Chain
 from ..console import err
 from ..gates import runner
 from ..project import find_project
 from . import app
-from .render import build_with_progress, emit_json, render_verdict, say
+from .render import build_and_model_args, emit_json, render_verdict, say
 
 gate_app = typer.Typer(help="Gates: gates/*.yaml, each a build, models, commands, metrics and thresholds.",
                        no_args_is_help=True)
@@ -50,10 +48,9 @@ def gate_run(
 ) -> None:
     """Run one gate: build what it needs, fetch its models, run, judge. Exit 0 only when ok."""
     chain = Chain(find_project())
-    options = build_lib.BuildOptions.make(cuda=cuda, arch=arch, jobs=jobs)
-    verdict = pipeline.run_gate(chain, name, options=options, build_key=build_key,
-                                log=lambda m: say(f"[dim]{m}[/]"), build_fn=build_with_progress(quiet=json_out),
-                                find_links=Path(find_links) if find_links else None)
+    verdict = pipeline.run_gate(chain, name, build_key=build_key, log=lambda m: say(f"[dim]{m}[/]"),
+                                **build_and_model_args(cuda=cuda, arch=arch, jobs=jobs, find_links=find_links,
+                                                       quiet=json_out))
     if json_out:
         emit_json(verdict.as_dict())
     else:

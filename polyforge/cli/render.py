@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -23,6 +25,16 @@ def emit_json(data: Any) -> None:
 
 def say(message: str) -> None:
     err.print(message, soft_wrap=True)
+
+
+@contextmanager
+def locked_saying_notices(chain: Chain) -> Iterator[None]:
+    """chain.locked(), first saying what it recovered (a dead run's leftovers, an interrupted
+    run's journal), for the commands that move the vendored tree."""
+    with chain.locked() as notices:
+        for notice in notices:
+            say(f"[yellow]{notice}[/]")
+        yield
 
 
 def build_with_progress(quiet: bool) -> BuildFn:
@@ -52,6 +64,15 @@ def build_with_progress(quiet: bool) -> BuildFn:
         finally:
             bar.stop()
     return build
+
+
+def build_and_model_args(*, cuda: bool, arch: Optional[str], jobs: Optional[int], find_links: Optional[str],
+                         quiet: bool) -> dict:
+    """The keyword arguments pipeline.run_gate and pipeline.up take from the flags gate run and up
+    share: what to build, how to show the build, where model wheels are."""
+    return {"options": build_lib.BuildOptions.make(cuda=cuda, arch=arch, jobs=jobs),
+            "build_fn": build_with_progress(quiet=quiet),
+            "find_links": Path(find_links) if find_links else None}
 
 
 def render_verdict(verdict: dict) -> None:

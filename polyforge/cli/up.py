@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from .. import build as build_lib
 from .. import pipeline
 from ..chain import Chain
 from ..project import find_project
 from . import app
-from .render import build_with_progress, emit_json, render_verdict, say
+from .render import build_and_model_args, emit_json, render_verdict, say
 
 
 @app.command()
@@ -28,7 +26,6 @@ def up(
 ) -> None:
     """The whole pipeline: fetch -> apply -> verify-patches -> build -> gates; stops at the first failure."""
     chain = Chain(find_project())
-    options = build_lib.BuildOptions.make(cuda=cuda, arch=arch, jobs=jobs)
 
     def on_step(step: pipeline.Step) -> None:
         if json_out:
@@ -38,11 +35,11 @@ def up(
         if "verdict" in step.detail:
             render_verdict(step.detail["verdict"])
 
-    result = pipeline.up(chain, options=options, gates=[] if no_gates else gate, source=source,
-                         log=lambda m: None if json_out else say(f"[dim]{m}[/]"),
-                         build_fn=build_with_progress(quiet=json_out),
-                         find_links=Path(find_links) if find_links else None, on_step=on_step,
-                         run_gates=not no_gates)
+    result = pipeline.up(chain, gates=[] if no_gates else gate, source=source,
+                         log=lambda m: None if json_out else say(f"[dim]{m}[/]"), on_step=on_step,
+                         run_gates=not no_gates,
+                         **build_and_model_args(cuda=cuda, arch=arch, jobs=jobs, find_links=find_links,
+                                                quiet=json_out))
     if json_out:
         emit_json(result.as_dict())
     elif result.ok:

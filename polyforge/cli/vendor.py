@@ -11,7 +11,7 @@ from .. import vendor as vendor_lib
 from ..chain import Chain
 from ..project import find_project
 from . import app
-from .render import emit_json, say
+from .render import emit_json, locked_saying_notices, say
 
 vendor_app = typer.Typer(help="The pinned upstream llama.cpp tree (vendor/llama.cpp).", no_args_is_help=True)
 app.add_typer(vendor_app, name="vendor")
@@ -26,9 +26,7 @@ def fetch(
 ) -> None:
     """Fetch the pinned llama.cpp, prove its tree id, and vendor it."""
     chain = Chain(find_project())
-    with chain.locked() as notices:
-        for notice in notices:
-            say(f"[yellow]{notice}[/]")
+    with locked_saying_notices(chain):
         result = vendor_lib.fetch(chain, source, force)
     if json_out:
         emit_json(result.as_dict())
