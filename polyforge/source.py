@@ -38,7 +38,6 @@ To add a kind (say `hg`), in this module:
 from __future__ import annotations
 
 import abc
-import hashlib
 import json
 import os
 import re
@@ -57,7 +56,7 @@ from .console import download_progress
 from .errors import BadInput, EnvironmentProblem, VerificationFailed
 from .filelock import FileLock
 from .git import Git as GitRepo, GitFailed
-from .hashing import sha256_file
+from .hashing import sha256_bytes, sha256_file
 
 # Never copied out of a source: nested git metadata (the sdist ships a submodule gitlink
 # file, packaging debris that breaks git commands inside the tree).
@@ -199,7 +198,7 @@ class Git(SourceKind):
 
     def materialize(self, cache: Path, dest: Path) -> Path:
         url = _expanded(self.url, self.name)
-        store = cache / "git" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+        store = cache / "git" / (sha256_bytes(url.encode())[:16] + ".git")
         with FileLock(cache / "git.lock", "git cache", blocking=True):
             if not store.is_dir():
                 store.parent.mkdir(parents=True, exist_ok=True)
@@ -408,7 +407,7 @@ def _http_get(url: str, accept: str | None = None):
 def cached_download(cache: Path, url: str, filename: str, sha256: str | None, *, sha256_from: str = "the pin") -> Path:
     """Download once into cache/downloads, verified; a verified cached copy is reused offline."""
     downloads = cache / "downloads"
-    folder = downloads / (sha256 or hashlib.sha256(url.encode()).hexdigest())
+    folder = downloads / (sha256 or sha256_bytes(url.encode()))
     target = folder / filename
     with FileLock(downloads / ".lock", "download cache", blocking=True):
         if target.is_file() and (sha256 is None or sha256_file(target) == sha256):
