@@ -42,7 +42,6 @@ class Project:
     chain_lock_file = _Below("patches/chain.lock")
     build_root = _Below("build")
     gates_dir = _Below("gates")
-    scripts_dir = _Below("scripts")
 
 
 def find_project(start: Path | None = None) -> Project:
