@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from . import bench as bench_lib
-from . import build as build_lib
-from . import models as models_lib
-from . import vendor as vendor_lib
-from . import verify as verify_lib
-from .chain import Chain
+from polyforge.bench import matrix as bench_lib
+from polyforge.build import builder as build_lib
+from polyforge.models import registry as models_lib
+from polyforge.upstream import vendor as vendor_lib
+from polyforge.chain import verify as verify_lib
+from polyforge.chain.engine import Chain
 from .errors import BadInput, PolyforgeError, VerificationFailed
 from .gates import runner
 
@@ -68,7 +68,7 @@ def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None 
     ctx = runner.GateContext(gate=gate, build_dir=build_dir, work_dir=build_dir / "gates" / name,
                              gates_dir=project.gates_dir, project_root=project.root, models=paths, log=log,
                              env=dict(gate.env))
-    return replace(runner.run_gate(ctx), build=manifest.key, live_tree=manifest.live_tree)
+    return replace(runner.execute(ctx), build=manifest.key, live_tree=manifest.live_tree)
 
 
 # -- bench ---------------------------------------------------------------------------------
@@ -153,18 +153,18 @@ def up(chain: Chain, *, options: build_lib.BuildOptions, gates: list[str] | None
         return ok
 
     def do_fetch():
-        with chain.locked():
+        with chain.exclusive():
             fetched = vendor_lib.fetch(chain, source=source, force=False)
         return 0, {"tree": fetched.tree, "already": fetched.already}, None
 
     def do_apply():
-        with chain.locked():
+        with chain.exclusive():
             report = chain.apply(to=None)
         return 0, {"applied": [r["name"] for r in report if r["status"] == "applied"],
                    "already": [r["name"] for r in report if r["status"] != "applied"]}, None
 
     def do_verify():
-        with chain.locked():
+        with chain.exclusive():
             proof = verify_lib.verify(chain)
         problems = proof.problems + [f"{p.name}: {q}" for p in proof.patches for q in p.problems]
         code = 0 if proof.ok else VerificationFailed.exit_code

@@ -34,9 +34,11 @@ class Project:
     root: Path
 
     pin_file = _Below(PIN_FILE)
+    pin_history_file = _Below("vendor/pin-history.yaml", "The pins a rebase moved away from, newest last.")
     vendor_dir = _Below("vendor")
     tree_dir = _Below("vendor/llama.cpp", "The vendored llama.cpp tree, its own git repository.")
     backups_dir = _Below("vendor/backups")
+    rebase_dir = _Below("vendor/rebase", "A rebase in progress: its journal and the previous pin, patches and tree.")
     lock_path = _Below("vendor/.lock", "Serialises every command that reads or changes the vendored tree.")
     patches_dir = _Below("patches")
     chain_lock_file = _Below("patches/chain.lock")

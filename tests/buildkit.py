@@ -37,7 +37,7 @@ TINY_TARGETS = ["ggml", "llama", "llama-cli"]
 
 def tiny_project(tmp_path: Path, monkeypatch, files: dict[str, str] | None = None) -> Proj:
     """A project whose vendored tree is the tiny CMake project, fetched and locked."""
-    from polyforge import vendor
+    from polyforge.upstream import vendor
 
     up = make_upstream(tmp_path, files or CMAKE_FILES)
     root = tmp_path / "project"
@@ -89,7 +89,7 @@ def real_build():
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     build_step = next(s for s in result["steps"] if s["step"] == "build")
-    from polyforge.build import read_manifest
+    from polyforge.build.builder import read_manifest
     manifest = read_manifest(ROOT / "build" / build_step["key"])
     assert manifest is not None
     return manifest
@@ -105,3 +105,26 @@ def run_pf(*args: str, cwd: Path, timeout: float = 1800, env: dict | None = None
     full_env.pop("COLUMNS", None)
     return subprocess.run([sys.executable, "-m", "polyforge", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+# a fake llama-bench: the bench tests and the pipeline's run_bench test drive it
+FAKE_BENCH = """\
+import json, sys
+args = sys.argv[1:]
+arg = lambda f: args[args.index(f) + 1]
+with open(__file__ + ".calls", "a") as f:
+    f.write(" ".join(args) + "\\n")
+speed = {"f16": 100.0, "q8_0": 90.0, "q4_0": 80.0}[arg("-ctk")]
+if "-fa" in args and arg("-fa") == "1":
+    speed *= 1.5
+print("load_backend: loaded CPU backend", file=sys.stderr)
+rows = []
+for depth in map(int, arg("-d").split(",")):
+    for n_prompt, n_gen in ((int(arg("-p")), 0), (0, int(arg("-n")))):
+        if n_prompt == 0 and n_gen == 0:
+            continue
+        rows.append({"type_k": arg("-ctk"), "type_v": arg("-ctv"), "n_prompt": n_prompt, "n_gen": n_gen,
+                     "n_depth": depth, "avg_ts": speed * (4 if n_prompt else 1) / (1 + depth / 1000),
+                     "stddev_ts": 1.5, "samples_ts": [1.0] * int(arg("-r")), "model_size": 2_000_000_000})
+print(json.dumps(rows, indent=2))
+"""

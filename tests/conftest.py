@@ -86,7 +86,7 @@ class Proj:
         return (self.tree / rel).read_text()
 
     def chain(self):
-        from polyforge.chain import Chain
+        from polyforge.chain.engine import Chain
         from polyforge.project import Project
         return Chain(Project(self.root))
 
@@ -125,7 +125,7 @@ def proj(tmp_path, upstream, cache, monkeypatch) -> Proj:
 
 @pytest.fixture
 def fetched(proj) -> Proj:
-    from polyforge import vendor
+    from polyforge.upstream import vendor
     chain = proj.chain()
     vendor.fetch(chain)
     chain.relock()

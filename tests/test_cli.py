@@ -67,7 +67,7 @@ def test_dirty_tree_refusal_names_files(chained: Proj):
 
 def test_patch_through_a_symlink_is_refused(chained: Proj):
     # put a symlinked folder into the baseline, then a patch that writes through it
-    from polyforge import vendor
+    from polyforge.upstream import vendor
     (chained.upstream.path / "linked").symlink_to("src")
     from conftest import git_tree_id, write_pin
     import shutil
@@ -111,7 +111,7 @@ def _apply_cut_short(chain, monkeypatch) -> None:
     with monkeypatch.context() as patched:
         patched.setattr(Git, "run", crash_on_ref_update)
         with pytest.raises(KeyboardInterrupt):
-            with chain.locked():
+            with chain.exclusive():
                 chain.apply()
 
 
@@ -139,7 +139,7 @@ def test_interrupted_apply_with_new_files_is_recovered(fetched: Proj, monkeypatc
     before = chain.tree.snapshot()
     _apply_cut_short(chain, monkeypatch)
     assert (fetched.tree / "src/brand-new.c").exists()
-    with chain.locked() as notices:
+    with chain.exclusive() as notices:
         assert notices and "interrupted apply" in notices[0]
     assert not (fetched.tree / "src/brand-new.c").exists()
     assert chain.tree.snapshot() == before

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polyforge.bench import BenchSpec
+from polyforge.bench.matrix import BenchSpec
 from polyforge.errors import BadInput
 from polyforge.gates import perplexity_kld
 from polyforge.kvtypes import CHAIN_BITS, UPSTREAM_BITS, kv_pair

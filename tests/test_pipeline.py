@@ -11,7 +11,7 @@ import yaml
 
 from buildkit import CMAKE_FILES, TINY_TARGETS, run_pf, tiny_project
 from conftest import assert_clean_error, capture
-from polyforge import build as build_lib
+from polyforge.build import builder as build_lib
 from polyforge import pipeline
 from polyforge.errors import BadInput
 
@@ -108,9 +108,8 @@ def test_up_cli(tiny):
 
 def test_run_bench_on_an_existing_build(tiny, monkeypatch):
     """--build KEY: no build, the model fetched, the matrix under build/KEY/bench/, the key on the result."""
-    from buildkit import fake_build
-    from test_bench import FAKE_BENCH
-    from polyforge import bench as bench_lib
+    from buildkit import FAKE_BENCH, fake_build
+    from polyforge.bench import matrix as bench_lib
     build_dir = fake_build(tiny.root, "cpu-fake", {"llama-bench": FAKE_BENCH})
     model = tiny.root / "m.gguf"
     model.write_bytes(b"GGUF")

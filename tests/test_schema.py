@@ -98,7 +98,7 @@ def test_load_yaml(tmp_path):
     ("cuda: {fa_quants: [q8_0]}\n", "'cuda.fa_quants' entry 'q8_0' is not <type_K>-<type_V>"),
 ])
 def test_build_yaml_errors_name_the_key(tmp_path, text, fragment):
-    from polyforge import build as build_lib
+    from polyforge.build import builder as build_lib
     (tmp_path / "build.yaml").write_text(text)
     with pytest.raises(BadInput, match=re.escape(fragment)) as info:
         build_lib.load_fa_pairs(tmp_path)
@@ -106,7 +106,7 @@ def test_build_yaml_errors_name_the_key(tmp_path, text, fragment):
 
 
 def test_pin_errors_name_the_key(tmp_path):
-    from polyforge.settings import Pin
+    from polyforge.upstream.pin import Pin
     path = tmp_path / "pin.yaml"
     path.write_text("upstream: {release: b1, commit: %s}\nsources: [{name: a, kind: dir, location: /x}]\n" % ("a" * 40))
     with pytest.raises(BadInput, match="pin.yaml: missing 'upstream.tree'"):

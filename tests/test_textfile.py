@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from polyforge.errors import BadInput
-from polyforge.lockfile import ChainLock
-from polyforge.settings import Pin
+from polyforge.chain.lockfile import ChainLock
+from polyforge.upstream.pin import Pin
 
 READERS = [pytest.param("chain.lock", ChainLock.read, id="chain.lock"),
            pytest.param("pin.yaml", Pin.load, id="pin.yaml")]

@@ -183,7 +183,7 @@ def bad_inputs(args, work):
     return results
 
 
-def run_gate(args):
+def check(args):
     with open(args.text, errors="replace") as f:
         text = f.read()
     if args.text_chars:
@@ -312,7 +312,7 @@ def parse_args(argv=None):
 
 def main():
     args = parse_args()
-    run_program(lambda: run_gate(args), args.json)
+    run_program(lambda: check(args), args.json)
 
 
 if __name__ == "__main__":

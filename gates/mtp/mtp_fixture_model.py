@@ -149,6 +149,14 @@ def ones(n):
     return nn.Parameter(torch.ones(n))
 
 
+def add_layer_stack(m, c, layer_cls):
+    """The layers, the output norm and the full-attention RoPE factors, last in both models:
+    registration order is parameter order, which training and export depend on."""
+    m.layers = nn.ModuleList([layer_cls(c, t == "sliding_attention") for t in c.layer_types])
+    m.out_norm = ones(c.d)
+    m.register_buffer("ff", rope_freq_factors(c.hd_full, c.partial_full))
+
+
 def add_layer_out(L, c):
     """The weights layer_out uses, made in one order for both layer kinds (the same random draws)."""
     L.post_attn_norm = ones(c.d)
@@ -178,14 +186,20 @@ class TLayer(nn.Module):
         add_layer_out(self, c)
 
 
-class Target(nn.Module):
-    def __init__(self, c: TargetCfg):
+class _Model(nn.Module):
+    """What both models start with: their config and the token embedding (the assistant's LM
+    head too, tied), created first so the random draws stay in the fixture's order."""
+
+    def __init__(self, c):
         super().__init__()
         self.c = c
         self.embd = nn.Parameter(torch.randn(c.n_vocab, c.d) * 0.02)
-        self.layers = nn.ModuleList([TLayer(c, t == "sliding_attention") for t in c.layer_types])
-        self.out_norm = ones(c.d)
-        self.register_buffer("ff", rope_freq_factors(c.hd_full, c.partial_full))
+
+
+class Target(_Model):
+    def __init__(self, c: TargetCfg):
+        super().__init__(c)
+        add_layer_stack(self, c, TLayer)
 
     def embed(self, tok):
         return self.embd[tok] * math.sqrt(self.c.d)
@@ -238,16 +252,12 @@ class ALayer(nn.Module):
         add_layer_out(self, c)
 
 
-class Assistant(nn.Module):
+class Assistant(_Model):
     def __init__(self, c: AssistantCfg):
-        super().__init__()
-        self.c = c
-        self.embd = nn.Parameter(torch.randn(c.n_vocab, c.d) * 0.02)  # LM head (tied token_embd)
+        super().__init__(c)
         self.pre_proj = nn.Linear(2 * c.d_backbone, c.d, bias=False)
         self.post_proj = nn.Linear(c.d, c.d_backbone, bias=False)
-        self.layers = nn.ModuleList([ALayer(c, t == "sliding_attention") for t in c.layer_types])
-        self.out_norm = ones(c.d)
-        self.register_buffer("ff", rope_freq_factors(c.hd_full, c.partial_full))
+        add_layer_stack(self, c, ALayer)
         # centroid (ordered-embedding) head, trained after the dense head
         self.centroids = nn.Linear(c.d, c.num_centroids, bias=False)
         self.register_buffer("ordering", torch.arange(c.n_vocab, dtype=torch.long))

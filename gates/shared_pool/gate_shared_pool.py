@@ -141,7 +141,7 @@ def verdict(metrics, checks):
             "thresholds": THRESHOLDS}
 
 
-def run_gate(args):
+def check(args):
     metrics, checks = {}, {}
     log_dir = tempfile.mkdtemp(prefix="gate-shared-pool-")
     slot_dir = os.path.join(log_dir, "slots")
@@ -513,7 +513,7 @@ def parse_args(argv=None):
 def main():
     args = parse_args()
     THRESHOLDS["max_abs_dprob_cold"] = args.cold_tolerance
-    run_program(lambda: run_gate(args), args.json)
+    run_program(lambda: check(args), args.json)
 
 
 if __name__ == "__main__":

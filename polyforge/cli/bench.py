@@ -7,10 +7,10 @@ from typing import List, Optional
 
 import typer
 
-from .. import bench as bench_lib
-from .. import build as build_lib
+from polyforge.bench import matrix as bench_lib
+from polyforge.build import builder as build_lib
 from .. import pipeline
-from ..chain import Chain
+from polyforge.chain.engine import Chain
 from ..console import err
 from ..project import find_project
 from . import app

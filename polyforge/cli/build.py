@@ -7,8 +7,8 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from .. import build as build_lib
-from ..chain import Chain
+from polyforge.build import builder as build_lib
+from polyforge.chain.engine import Chain
 from ..console import err
 from ..project import find_project
 from . import app

@@ -8,15 +8,15 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .. import patchfile
-from .. import status as status_lib
-from .. import verify as verify_lib
-from ..chain import Chain
+from polyforge.chain import patchfile
+from polyforge.chain import status as status_lib
+from polyforge.chain import verify as verify_lib
+from polyforge.chain.engine import Chain
 from ..console import err
 from ..errors import BadInput, VerificationFailed
 from ..project import find_project
 from . import app
-from .render import emit_json, locked_saying_notices, say
+from .render import emit_json, exclusive_saying_notices, say
 
 
 @app.command()
@@ -27,7 +27,7 @@ def apply(
 ) -> None:
     """Apply the chain (patches/*.patch in lexical order) to the vendored tree, atomically."""
     chain = Chain(find_project())
-    with locked_saying_notices(chain):
+    with exclusive_saying_notices(chain):
         report = chain.apply(to, allow_offset)
     applied = sum(row["status"] == "applied" for row in report)
     _render_patch_report(report, json_out, f"{applied} applied, {len(report) - applied} already applied")
@@ -40,7 +40,7 @@ def unapply(
 ) -> None:
     """Reverse-apply patches from the top, verified by tree id."""
     chain = Chain(find_project())
-    with locked_saying_notices(chain):
+    with exclusive_saying_notices(chain):
         report = chain.unapply(to)
     _render_patch_report(report, json_out, f"{len(report)} unapplied")
 
@@ -66,7 +66,7 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
         emit_json(info.as_dict())
         raise typer.Exit(0 if info.ok else 1)
     pin = info.vendor["pin"]
-    say(f"pin       {chain.pin.project} {pin['release']} ({pin['commit'][:12]}), tree {pin['tree'][:12]}")
+    say(f"pin       {chain.pin.project} {chain.pin.label}, tree {pin['tree'][:12]}")
     if not info.vendored:
         say("vendored  [red]no[/] (polyforge vendor fetch)")
         raise typer.Exit(1)
@@ -129,7 +129,7 @@ def capture(
     """Turn the live edits on top of the applied chain into a new patch."""
     message = _message(message, message_file)
     chain = Chain(find_project())
-    with chain.locked():
+    with chain.exclusive():
         info = chain.capture(name, message, upstream_status, author)
     if json_out:
         emit_json(info)
@@ -148,7 +148,7 @@ def refresh(
     """Regenerate the top applied patch from the live tree (canonical form)."""
     message = _message(message, message_file)
     chain = Chain(find_project())
-    with chain.locked():
+    with chain.exclusive():
         info = chain.refresh(check, message)
     if json_out:
         emit_json(info)
@@ -177,7 +177,7 @@ def _say_rebased(info: dict) -> None:
 def lock(json_out: bool = typer.Option(False, "--json")) -> None:
     """Rewrite patches/chain.lock after an intended change to the chain."""
     chain = Chain(find_project())
-    with chain.locked():
+    with chain.exclusive():
         result = chain.relock()
     if json_out:
         emit_json({"base_tree": result.base_tree, "patches": [e.__dict__ for e in result.patches]})
@@ -195,7 +195,7 @@ def verify_patches(
         # refused before the proof: a typo should not cost a whole proof
         raise BadInput(f"--junit {junit_file}: " + ("is a folder" if junit_file.is_dir() else "its folder does not exist"))
     chain = Chain(find_project())
-    with chain.locked():
+    with chain.exclusive():
         proof = verify_lib.verify(chain)
     if junit_file is not None:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from .. import doctor as doctor_lib
+from polyforge.build import doctor as doctor_lib
 from ..console import err
 from . import app
 from .render import emit_json

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from .. import pipeline
-from ..chain import Chain
+from polyforge.chain.engine import Chain
 from ..console import err
 from ..gates import runner
 from ..project import find_project

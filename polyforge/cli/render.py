@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .. import build as build_lib
-from ..chain import Chain
+from polyforge.build import builder as build_lib
+from polyforge.chain.engine import Chain
 from ..console import err
 
 if TYPE_CHECKING:
@@ -28,10 +28,10 @@ def say(message: str) -> None:
 
 
 @contextmanager
-def locked_saying_notices(chain: Chain) -> Iterator[None]:
-    """chain.locked(), first saying what it recovered (a dead run's leftovers, an interrupted
+def exclusive_saying_notices(chain: Chain) -> Iterator[None]:
+    """chain.exclusive(), first saying what it recovered (a dead run's leftovers, an interrupted
     run's journal), for the commands that move the vendored tree."""
-    with chain.locked() as notices:
+    with chain.exclusive() as notices:
         for notice in notices:
             say(f"[yellow]{notice}[/]")
         yield

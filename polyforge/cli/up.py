@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 
 from .. import pipeline
-from ..chain import Chain
+from polyforge.chain.engine import Chain
 from ..project import find_project
 from . import app
 from .render import build_and_model_args, emit_json, render_verdict, say

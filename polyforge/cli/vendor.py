@@ -7,11 +7,11 @@ from typing import Optional
 
 import typer
 
-from .. import vendor as vendor_lib
-from ..chain import Chain
+from polyforge.upstream import vendor as vendor_lib
+from polyforge.chain.engine import Chain
 from ..project import find_project
 from . import app
-from .render import emit_json, locked_saying_notices, say
+from .render import emit_json, exclusive_saying_notices, say
 
 vendor_app = typer.Typer(help="The pinned upstream llama.cpp tree (vendor/llama.cpp).", no_args_is_help=True)
 app.add_typer(vendor_app, name="vendor")
@@ -26,7 +26,7 @@ def fetch(
 ) -> None:
     """Fetch the pinned llama.cpp, prove its tree id, and vendor it."""
     chain = Chain(find_project())
-    with locked_saying_notices(chain):
+    with exclusive_saying_notices(chain):
         result = vendor_lib.fetch(chain, source, force)
     if json_out:
         emit_json(result.as_dict())
@@ -68,7 +68,7 @@ def pack(
 ) -> None:
     """A compact, reproducible archive of the tree, for machines with no network."""
     chain = Chain(find_project())
-    with chain.locked():
+    with chain.exclusive():
         info = vendor_lib.pack(chain, out.resolve(), patched=patched, prune=not full)
     if json_out:
         emit_json(info)

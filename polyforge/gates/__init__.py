@@ -4,7 +4,7 @@ runs one is its kind, registered in polyforge.gates.kinds (whose docstring says 
 # The third-party modules the gate programs import (gates/*/gate_*.py, what they import, and
 # the vendored gguf-py they load), each with the distribution that provides it. `polyforge
 # up` runs those programs, so each distribution is a base dependency in pyproject.toml
-# (tests/test_gates.py checks both directions), and `polyforge doctor` reports each module.
+# (tests/gates/test_runner.py checks both directions), and `polyforge doctor` reports each module.
 GATE_MODULES: dict[str, str] = {
     "numpy": "numpy",
     "yaml": "pyyaml",

@@ -50,7 +50,7 @@ To add a kind, say `llama-bench`:
 2. Register it below: `"llama-bench": llama_bench,` in KINDS. The name is what gates write
    under `kind:`; an unknown name is refused listing these keys.
 
-3. Test it in tests/test_gates.py: a rejected-params case in
+3. Test it in tests/gates/test_runner.py: a rejected-params case in
    test_kind_params_are_validated, and a run against a fake binary (buildkit.fake_build,
    then pipeline.run_gate on a gate written by _gate) asserting on the verdict's metrics.
    A gates/*.yaml using the kind is loaded by test_the_repository_gates_load and, when it

@@ -2,10 +2,9 @@
 --kl-divergence once per KV configuration (-ctk/-ctv), against the base's saved logits.
 
 params: model (required), text (under gates/, required), ctx (default 2048), chunks,
-base (K/V, default f16/f16), configs (list of K/V, required), flags (extra arguments),
-bits (bits per element for types this module does not know, e.g. {turbo3: 3.25}).
+base (K/V, default f16/f16), configs (list of K/V, required), flags (extra arguments).
 metrics: one mapping per configuration, "K/V": kld_mean, kld_p99, kld_max, top1 (same
-top token, %), ppl, kv_mib (llama's KV cache size), bits_per_pair (K + V bits per element);
+top token, %), ppl, kv_mib (llama's KV cache size), bits_per_pair (K + V bits per element, from polyforge.kvtypes; absent for a type it lacks);
 and "base": ppl, kv_mib, tokens.
 """
 
@@ -39,21 +38,16 @@ def _pair(text: str, where: str) -> str:
 
 
 def validate_params(params: dict, where: str, models: tuple[str, ...]) -> dict:
-    schema.only(params, {"model", "text", "ctx", "chunks", "base", "configs", "flags", "bits"}, where,
+    schema.only(params, {"model", "text", "ctx", "chunks", "base", "configs", "flags"}, where,
                 section="params")
     model = need_model(params, where, models)
     configs = schema.str_list(params, "configs", where, section="params", required=True)
-    bits = schema.optional(params, "bits", dict, where, {}, section="params")
-    if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-               for k, v in bits.items()):
-        raise BadInput(f"{where}: 'params.bits' must map type names to bits per element")
     out = {"model": model, "text": schema.need(params, "text", str, where, section="params"),
            "ctx": schema.optional(params, "ctx", int, where, 2048, section="params"),
            "chunks": schema.optional(params, "chunks", int, where, section="params"),
            "base": _pair(schema.optional(params, "base", str, where, "f16/f16", section="params"), where),
            "configs": [_pair(c, where) for c in configs],
-           "flags": schema.str_list(params, "flags", where, section="params", numbers_as_text=True),
-           "bits": {**BITS, **bits}}
+           "flags": schema.str_list(params, "flags", where, section="params", numbers_as_text=True)}
     if len(set(out["configs"])) != len(out["configs"]):
         raise BadInput(f"{where}: params.configs repeat")
     return out
@@ -74,9 +68,9 @@ def parse_kld(text: str) -> dict:
     return out
 
 
-def bits_per_pair(pair: str, bits: dict) -> float | None:
+def bits_per_pair(pair: str) -> float | None:
     k, v = pair.split("/")
-    return bits[k] + bits[v] if k in bits and v in bits else None
+    return BITS[k] + BITS[v] if k in BITS and v in BITS else None
 
 
 def run(ctx) -> dict:
@@ -102,7 +96,7 @@ def run(ctx) -> dict:
                                      f"{_last_error(output)} (log: {ctx.work_dir / 'base.log'})")
         final = _FINAL_PPL.search(output)
         metrics["base"] = {"ppl": float(final.group(1)) if final else None, "kv_mib": kv_mib(output),
-                           "bits_per_pair": bits_per_pair(p["base"], p["bits"])}
+                           "bits_per_pair": bits_per_pair(p["base"])}
         for pair in p["configs"]:
             k, v = pair.split("/")
             ctx.log(f"{pair}: KL divergence against {p['base']}")
@@ -116,7 +110,7 @@ def run(ctx) -> dict:
                                          f"{_last_error(output)} (log: {log})")
             row = parse_kld(output)
             row["kv_mib"] = kv_mib(output)
-            row["bits_per_pair"] = bits_per_pair(pair, p["bits"])
+            row["bits_per_pair"] = bits_per_pair(pair)
             metrics[pair] = {k2: v2 for k2, v2 in row.items() if v2 is not None}
     finally:
         base_file.unlink(missing_ok=True)  # n_vocab x tokens of logits: large, and per run

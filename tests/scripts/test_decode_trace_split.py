@@ -1,0 +1,43 @@
+"""scripts/decode_trace_split.py on a synthetic trace: steps, GPU-busy union under overlap, idle time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "decode_trace_split.py"
+
+
+def _trace(tmp_path: Path) -> Path:
+    rows = [(0, 5_000_000, "memcpy kind 2 268435456 B")]  # llama-bench saving the prefilled state
+    for step in range(5):
+        t = 10_000_000 + step * 1_000_000  # one step per ms
+        rows += [(t, 10_000, "memcpy kind 1 262656 B"),
+                 (t + 100_000, 400_000, "flash_attn_ext_vec<128>(...)"),
+                 # launched early (PDL): overlaps the previous kernel, counted once in the busy time
+                 (t + 200_000, 400_000, "flash_attn_combine_results<128>(...)"),
+                 (t + 700_000, 100_000, "rms_norm_f32(...)")]
+    path = tmp_path / "trace.csv"
+    path.write_text("Start (ns),Duration (ns),Name,gx,gy,gz\n" + "".join(f'{s},{d},"{n}",1,1,1\n' for s, d, n in rows))
+    return path
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+
+
+def test_steps_busy_union_and_idle(tmp_path: Path):
+    out = _run(str(_trace(tmp_path)), "synthetic", "--skip", "1")
+    assert out.returncode == 0, out.stderr
+    head, *kernels = out.stdout.splitlines()
+    # 4 complete steps, 1 skipped: a 1000 us step, busy 10 + 500 (union of 400 and 400 offset by 100) + 100
+    assert head == "== synthetic: 3 steps; per step 1000.0 us, GPU busy 610.0 us, idle 390.0 us"
+    assert kernels[0].split() == ["400.0", "us", "flash_attn_ext_vec<128>"]
+
+
+def test_no_steps_is_an_error(tmp_path: Path):
+    path = tmp_path / "empty.csv"
+    path.write_text("Start (ns),Duration (ns),Name\n1,2,\"k(x)\"\n")
+    out = _run(str(path))
+    assert out.returncode == 1 and "no decode steps" in out.stderr

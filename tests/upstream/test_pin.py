@@ -1,0 +1,90 @@
+"""Pin validation: bad pins are one-line BadInput errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT
+from polyforge.errors import BadInput, EnvironmentProblem
+from polyforge.upstream.pin import Pin
+from polyforge.upstream.source import Archive, Dir, Git, PypiSdist
+
+
+def _pin(tmp_path, text: str):
+    path = tmp_path / "pin.yaml"
+    path.write_text(text)
+    return Pin.load(path)
+
+
+GOOD = """
+upstream: {release: b1, commit: %s, tree: %s}
+sources:
+  - {name: a, kind: dir, location: /x}
+""" % ("a" * 40, "b" * 40)
+
+
+def test_good_pin(tmp_path):
+    pin = _pin(tmp_path, GOOD)
+    assert pin.tree == "b" * 40 and pin.sources == (Dir(name="a", location="/x"),)
+
+
+def test_each_kind_from_the_pin(tmp_path):
+    pin = _pin(tmp_path, GOOD.replace("  - {name: a, kind: dir, location: /x}\n", """\
+  - {name: s, kind: pypi-sdist, package: p, version: "1.0", filename: p-1.0.tar.gz, sha256: %s, subdir: p-1.0/up}
+  - {name: g, kind: git, location: https://example.org/up}
+  - {name: t, kind: archive, location: "${MIRROR}", sha256: %s}
+  - {name: d, kind: dir, location: /x}
+""" % ("c" * 64, "d" * 64)))
+    assert pin.sources == (
+        PypiSdist(name="s", package="p", version="1.0", filename="p-1.0.tar.gz", sha256="c" * 64, subdir="p-1.0/up"),
+        Git(name="g", url="https://example.org/up", rev="a" * 40),  # a pinned git source is at the pin's commit
+        Archive(name="t", location="${MIRROR}", sha256="d" * 64),
+        Dir(name="d", location="/x"),
+    )
+
+
+def test_the_projects_pin_is_valid():
+    pin = Pin.load(ROOT / "vendor" / "pin.yaml")
+    assert [type(s) for s in pin.sources] == [PypiSdist, Git, Archive]
+    assert pin.sources[1].rev == pin.commit
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("[1, 2]", "must be a mapping"),
+    ("upstream: {release: b1, commit: zz, tree: %s}\nsources: [{name: a, kind: dir, location: x}]" % ("b" * 40), "commit"),
+    (GOOD.replace("kind: dir", "kind: ftp"), "unknown kind"),
+    (GOOD.replace(", location: /x", ""), "missing 'location'"),
+    ("upstream: {release: b1, commit: %s, tree: %s}\nsources: []" % ("a" * 40, "b" * 40), "'sources' is empty"),
+    ("upstream: [", "not valid YAML"),
+    (GOOD + "  - {name: a, kind: dir, location: /y}\n", "repeat"),
+    (GOOD + "pack: {prune: [docs/x]}\n", "top-level"),
+    ("upstream: {release: b1, commit: %s, tree: %s}\nsources:\n  - {name: s, kind: pypi-sdist, package: p}" % ("a" * 40, "b" * 40), "missing 'version'"),
+    (GOOD.replace("location: /x", "location: /x, subdir: up"), "source 'a': 'subdir' is not a key of this kind"),
+    (GOOD.replace("kind: dir", "kind: archive"), "source 'a': missing 'sha256'"),
+    (GOOD.replace("kind: dir", "kind: archive").replace("location: /x", "location: /x, sha256: 00ff"),
+     "'sha256' is not a lowercase hex digest"),
+    (GOOD.replace("kind: dir", "kind: archive").replace("location: /x", "location: /x, sha256: %s, subdir: ../up" % ("e" * 64)),
+     "subdir '../up' must be a relative path"),
+    (GOOD.replace("{name: a, kind: dir, location: /x}", "just-a-name"), "'source' must be a mapping"),
+])
+def test_bad_pins(tmp_path, text, fragment):
+    with pytest.raises(BadInput, match=fragment.replace("[", r"\[")):
+        _pin(tmp_path, text)
+
+
+def test_missing_pin(tmp_path):
+    with pytest.raises(BadInput, match="pin file missing"):
+        Pin.load(tmp_path / "nope.yaml")
+
+
+def test_env_location(monkeypatch, tmp_path):
+    src = Archive(name="m", location="${PF_TEST_MIRROR}/x.tar.gz", sha256="0" * 64)
+    monkeypatch.delenv("PF_TEST_MIRROR", raising=False)
+    # an unset variable: this machine lacks the source, and fetch tries the next one
+    with pytest.raises(EnvironmentProblem, match="names an unset variable"):
+        src.materialize(tmp_path / "cache", tmp_path / "tree")
+    monkeypatch.setenv("PF_TEST_MIRROR", "/srv")
+    assert src.spelling == "archive:/srv/x.tar.gz"
+
+
+# unreadable pins (not UTF-8, nested too deeply, a folder): tests/test_textfile.py
