@@ -44,7 +44,7 @@ def tiny_project(tmp_path: Path, monkeypatch, files: dict[str, str] | None = Non
     write_pin(root, up)
     (root / "patches").mkdir()
     (root / "gates").mkdir()
-    (root / "gates" / "build.yaml").write_text("cuda:\n  fa_quants: [q8_0-q4_0, turbo3-turbo3, q8_0-turbo4]\n")
+    (root / "gates" / "build.yaml").write_text("cuda:\n  fa_quants: [q8_0-q4_0]\n")
     monkeypatch.setenv("POLYFORGE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("POLYFORGE_ROOT", raising=False)
     monkeypatch.chdir(root)

@@ -27,6 +27,7 @@ from polyforge.build import toolchain
 from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
 from polyforge.filelock import FileLock
 from polyforge.hashing import sha256_bytes, sha256_file
+from polyforge.kvtypes import CHAIN_BITS
 from polyforge.textfile import write_text_atomic
 
 DEFAULT_TARGETS = ("ggml", "llama", "llama-server", "llama-cli", "llama-bench", "llama-perplexity",
@@ -117,15 +118,27 @@ def tree_fa_types(source_dir: Path) -> tuple[str, ...] | None:
     return tuple(m.group(1).split()) if m else None
 
 
-def fa_quants(pairs: list[str], types: tuple[str, ...] | None) -> tuple[str, list[str]]:
-    """GGML_CUDA_FA_QUANTS for the tree: the declared pairs whose both types the tree knows.
+def fa_quants(pairs: list[str], types: tuple[str, ...] | None,
+              pending: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
+    """GGML_CUDA_FA_QUANTS for the tree: (the value, the pairs left out).
 
-    turbo* types exist only once their patch lands; against an earlier tree those pairs are
-    dropped (and reported) rather than failing CMake's check. Comma-separated: CMake accepts
-    ',' and ';' alike and ',' survives the command line unquoted.
+    A pair whose types the tree does not know is left out only when those are types an
+    unapplied patch of the chain brings (`pending`: the turbo types before 0073 is applied);
+    any other is an error, never a silently dropped kernel. A tree whose common.cmake has no
+    FA_TYPES list the way polyforge reads it fails too (upstream changed it: look again).
+    Comma-separated: CMake accepts ',' and ';' alike and ',' survives the command line unquoted.
     """
     if types is None:
-        return ",".join(pairs), []
+        raise VerificationFailed("ggml/cmake/common.cmake has no `set(FA_TYPES ...)` list: cannot tell which "
+                                 "GGML_CUDA_FA_QUANTS pairs the tree builds",
+                                 hint="upstream changed how it lists them: update builder._FA_TYPES, or pass "
+                                      "-D GGML_CUDA_FA_QUANTS=...")
+    unknown = {t for p in pairs for t in p.split("-") if t not in types}
+    if unknown - pending:
+        bad = [p for p in pairs if set(p.split("-")) & (unknown - pending)]
+        raise BadInput(f"gates/{BUILD_CONFIG}: cuda.fa_quants {', '.join(bad)}: the tree's ggml/cmake/common.cmake "
+                       f"does not know {', '.join(sorted(unknown - pending))}",
+                       hint=f"the tree knows {' '.join(types)}")
     kept = [p for p in pairs if all(t in types for t in p.split("-"))]
     dropped = [p for p in pairs if p not in kept]
     return ",".join(kept or ["f16-f16"]), dropped
@@ -215,9 +228,11 @@ def _plan(chain, options: BuildOptions) -> Plan:
         if "GGML_CUDA_FA_QUANTS" in defines:
             quants, dropped = defines.pop("GGML_CUDA_FA_QUANTS"), []
         else:
-            quants, dropped = fa_quants(load_fa_pairs(project.gates_dir), tree_fa_types(source))
+            # the chain's own KV types may be missing only while a patch is still unapplied
+            pending = frozenset(CHAIN_BITS) if len(applied) < len(chain.patches()) else frozenset()
+            quants, dropped = fa_quants(load_fa_pairs(project.gates_dir), tree_fa_types(source), pending)
         if dropped:
-            notes.append(f"FA pairs the tree's ggml does not know yet, left out: {', '.join(dropped)}")
+            notes.append(f"FA pairs of types an unapplied patch brings, left out: {', '.join(dropped)}")
         cache_args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
                        f"-DGGML_CUDA_FA_QUANTS={quants}", f"-DCMAKE_CUDA_COMPILER={tools['nvcc']}"]
         option_inputs.update(archs=archs, fa_quants=quants)

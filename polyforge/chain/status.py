@@ -27,6 +27,7 @@ class ChainStatus:
     lock_drift: list[str]  # how patches/ differs from chain.lock
     interrupted: str | None  # the op of a journalled move the next command rolls back
     journal_problem: str | None  # why that rollback would be refused
+    rebasing: bool = False  # a rebase is in progress (vendor/rebase/): only rebase runs until it ends
     # the rest only with a vendored tree:
     applied: list[str] = field(default_factory=list)
     unapplied: list[str] = field(default_factory=list)
@@ -43,13 +44,14 @@ class ChainStatus:
     @property
     def ok(self) -> bool:
         return (bool(self.vendor.get("baseline_ok")) and not self.lock_drift and not self.chain_mismatch
-                and not self.journal_problem and not self.git_locks.blocking)  # the next command stops on those
+                and not self.journal_problem and not self.git_locks.blocking  # the next command stops on those
+                and not self.rebasing)
 
     def as_dict(self) -> dict:
         """--json: vendor status's keys, then the chain's; the tree's keys only when vendored."""
         out = dict(self.vendor)
         out.update(patches=self.patches, lock_drift=self.lock_drift, interrupted=self.interrupted,
-                   journal_problem=self.journal_problem)
+                   journal_problem=self.journal_problem, rebasing=self.rebasing)
         if self.vendored:
             out.update(applied=self.applied, unapplied=self.unapplied, live_edits=self.live_edits,
                        applied_changed=self.applied_changed, applied_missing=self.applied_missing,
@@ -74,7 +76,8 @@ def read(chain: Chain) -> ChainStatus:
                 tree.check_journal(journal)  # what the next command's recovery would refuse
             except BadInput as exc:
                 journal_problem = exc.message
-        status = ChainStatus(vendor, [p.name for p in patches], drift, journal.op if journal else None, journal_problem)
+        status = ChainStatus(vendor, [p.name for p in patches], drift, journal.op if journal else None, journal_problem,
+                             rebasing=chain.project.rebase_dir.exists())
         if tree.exists():
             applied = tree.applied()
             names = {p.name: p for p in patches}

@@ -106,6 +106,8 @@ def _status_warnings(info: status_lib.ChainStatus) -> list[str]:
     """What status warns of after the live edits: chain.lock drift, and what the next command
     will recover or stop on (red: it stops)."""
     warnings = [f"[red]lock drift[/] {drift}" for drift in info.lock_drift]
+    if info.rebasing:
+        warnings.append("[red]rebase[/] in progress: polyforge rebase --continue, --skip or --abort")
     if info.journal_problem:
         warnings.append(f"[red]journal[/] {info.journal_problem}: the next command refuses to run until it is resolved")
     elif info.interrupted:

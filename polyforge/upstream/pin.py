@@ -73,16 +73,23 @@ def render_pin(*, project: str, release: str, commit: str | None, tree: str, pac
     upstream = {"project": project, "release": release, **({"commit": commit} if commit else {}), "tree": tree}
     lines = ["# The upstream llama.cpp this project patches. Every source below must yield the same tree:",
              "# `tree` is the git tree id of the vendored baseline over every file and mode (a submodule",
-             "# gitlink file an sdist ships is packaging debris and is dropped)."
-             + ("" if commit else " `commit` is absent: the source does not record it."),
-             _yaml({"upstream": upstream}), ""]
+             "# gitlink file an sdist ships is packaging debris and is dropped)."]
+    if not commit:
+        lines.append("# No `commit`: the source does not record which upstream commit its tree is.")
+    lines += [_yaml({"upstream": upstream}), ""]
     if pack_prune:
         lines += ["# `polyforge vendor pack` leaves these folders out (the build never reads them); `tree` is",
                   "# the baseline without them.",
-                  _yaml({"pack": {"prune": list(pack_prune), **({"tree": pack_tree} if pack_tree else {})}}), ""]
-    lines += ["# Tried in order; the first that yields the pinned tree wins.", _yaml({"sources": sources})]
+                  "pack:", f"  prune: [{', '.join(pack_prune)}]"] + ([f"  tree: {pack_tree}"] if pack_tree else []) + [""]
+    lines += ["# Tried in order; the first that yields the pinned tree wins.", _yaml({"sources": sources}), ""]
     return "\n".join(lines)
 
 
 def _yaml(data: dict) -> str:
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100).rstrip("\n")
+    # block style, keys in the order given; indented lists as in the hand-written pins
+    return yaml.dump(data, Dumper=_IndentedDumper, sort_keys=False, default_flow_style=False, width=100).rstrip("\n")
+
+
+class _IndentedDumper(yaml.SafeDumper):
+    def increase_indent(self, flow: bool = False, indentless: bool = False):
+        return super().increase_indent(flow, False)

@@ -13,9 +13,9 @@ import pytest
 
 from buildkit import CMAKE_FILES, TINY_TARGETS, tiny_project
 from conftest import assert_clean_error, capture, run_cli
-from polyforge import build as build_lib
-from polyforge import toolchain
-from polyforge.errors import BadInput, EnvironmentProblem
+from polyforge.build import builder as build_lib
+from polyforge.build import toolchain
+from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
 from polyforge.hashing import sha256_file
 
 
@@ -123,14 +123,21 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(toolchain, "find_cublas", lambda nvcc: "/usr/lib/libcublas.so")
 
 
-def test_fa_quants_filtered_to_the_tree(tiny, fake_cuda):
+def test_fa_quants_follow_the_tree(tiny, fake_cuda):
+    """Pairs of the chain's own types are left out only while the patch bringing them is
+    unapplied; a pair the tree cannot build is an error, never a silently missing kernel."""
+    from conftest import capture
+    (tiny.root / "gates" / "build.yaml").write_text("cuda:\n  fa_quants: [q8_0-q4_0, turbo3-turbo3, q8_0-turbo4]\n")
+    with pytest.raises(BadInput, match="turbo3-turbo3, q8_0-turbo4: the tree's ggml/cmake/common.cmake does not know turbo3, turbo4"):
+        _plan(tiny, cuda=True, arch="90")
+    common = tiny.read("ggml/cmake/common.cmake")
+    capture(tiny, "0001-turbo-types", {"ggml/cmake/common.cmake": common.replace("bf16 f16)", "bf16 f16 turbo2 turbo3 turbo4)")})
+    tiny.chain().unapply()
     plan = _plan(tiny, cuda=True, arch="90")
     assert "-DGGML_CUDA_FA_QUANTS=q8_0-q4_0" in plan.cache_args
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in plan.cache_args
-    assert any("turbo3-turbo3" in n and "q8_0-turbo4" in n for n in plan.notes)
-    # once the tree knows the turbo types, the pairs are kept
-    common = tiny.tree / "ggml/cmake/common.cmake"
-    common.write_text(common.read_text().replace("bf16 f16)", "bf16 f16 turbo2 turbo3 turbo4)"))
+    assert any("turbo3-turbo3" in n and "q8_0-turbo4" in n and "unapplied" in n for n in plan.notes)
+    tiny.chain().apply()  # the tree knows the turbo types: the pairs are kept
     plan = _plan(tiny, cuda=True, arch="90")
     assert "-DGGML_CUDA_FA_QUANTS=q8_0-q4_0,turbo3-turbo3,q8_0-turbo4" in plan.cache_args
     # an explicit -D wins and is part of the key
@@ -141,17 +148,13 @@ def test_fa_quants_filtered_to_the_tree(tiny, fake_cuda):
 
 def test_fa_quants_unit():
     pairs = ["q8_0-q4_0", "turbo3-turbo3"]
-    assert build_lib.fa_quants(pairs, ("q8_0", "q4_0", "f16")) == ("q8_0-q4_0", ["turbo3-turbo3"])
-    assert build_lib.fa_quants(pairs, None) == ("q8_0-q4_0,turbo3-turbo3", [])
-    assert build_lib.fa_quants(["turbo3-turbo3"], ("f16",)) == ("f16-f16", ["turbo3-turbo3"])
-
-
-def test_real_repo_declares_the_chain_pairs():
-    root = Path(__file__).resolve().parents[2]
-    pairs = build_lib.load_fa_pairs(root / "gates")
-    for pair in ("q8_0-q4_0", "turbo2-turbo2", "turbo3-turbo3", "turbo4-turbo4", "q8_0-turbo4", "q8_0-turbo3",
-                 "q8_0-turbo2"):
-        assert pair in pairs
+    assert build_lib.fa_quants(pairs, ("q8_0", "q4_0", "f16"), frozenset({"turbo3"})) == ("q8_0-q4_0", ["turbo3-turbo3"])
+    assert build_lib.fa_quants(["turbo3-turbo3"], ("f16",), frozenset({"turbo3"})) == ("f16-f16", ["turbo3-turbo3"])
+    assert build_lib.fa_quants(pairs, ("q8_0", "q4_0", "turbo3")) == ("q8_0-q4_0,turbo3-turbo3", [])
+    with pytest.raises(BadInput, match="does not know turbo3"):
+        build_lib.fa_quants(pairs, ("q8_0", "q4_0", "f16"))
+    with pytest.raises(VerificationFailed, match="FA_TYPES"):
+        build_lib.fa_quants(pairs, None)
 
 
 def test_cuda_without_gpu_asks_for_arch(tiny, fake_cuda, monkeypatch):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from buildkit import write_script
-from polyforge import cmake, proc
+from polyforge import proc
+from polyforge.build import cmake
 from polyforge.errors import EnvironmentProblem
 
 GCC_LOG = """\

@@ -6,7 +6,8 @@ import json
 import os
 
 from conftest import run_cli
-from polyforge import doctor, toolchain
+from polyforge.build import doctor
+from polyforge.build import toolchain
 from polyforge.gates import GATE_MODULES
 
 

@@ -1,4 +1,4 @@
-"""polyforge.toolchain: the probes build and doctor share, against fake tools on PATH."""
+"""polyforge.build.builder.toolchain: the probes build and doctor share, against fake tools on PATH."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 
 from buildkit import write_script
-from polyforge import toolchain
+from polyforge.build import toolchain
 from polyforge.errors import EnvironmentProblem
 
 
