@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from polyforge.bench import agents as agents_lib
 from polyforge.bench import matrix as bench_lib
 from polyforge.build import builder as build_lib
 from polyforge.models import registry as models_lib
@@ -77,17 +78,31 @@ def run_bench(chain: Chain, spec: bench_lib.BenchSpec, *, model: str, options: b
               build_fn: BuildFn = default_build, find_links: Path | None = None) -> bench_lib.BenchResult:
     """Build llama-bench (incrementally, or take --build KEY as it is), fetch the model, run the
     matrix into out_dir (default build/KEY/bench/TIME)."""
+    return _measure(chain, "llama-bench", bench_lib.run, spec, model=model, options=options, build_key=build_key,
+                    out_dir=out_dir, log=log, build_fn=build_fn, find_links=find_links)
+
+
+def run_agents(chain: Chain, spec: agents_lib.AgentsSpec, *, model: str, **kw) -> agents_lib.AgentsResult:
+    """The agents scenario, with run_bench's keywords: build llama-batched-bench (incrementally, or
+    take --build KEY), fetch the model, run each prefix and KV pair for B agents into out_dir."""
+    return _measure(chain, agents_lib.TOOL, agents_lib.run, spec, model=model, **kw)
+
+
+def _measure(chain: Chain, tool: str, run: Callable, spec, *, model: str, options: build_lib.BuildOptions | None = None,
+             build_key: str | None = None, out_dir: Path | None = None, log: Log = _quiet,
+             build_fn: BuildFn = default_build, find_links: Path | None = None):
+    """What run_bench and run_agents share: the tool's build, the model, run(exe, model, spec, out_dir)."""
     project = chain.project
     if build_key is not None:
         manifest = build_lib.find_build(project.build_root, build_key)
     else:
         options = options or build_lib.BuildOptions()
-        manifest = build_fn(chain, replace(options, targets=("llama-bench",))).manifest
-    exe = manifest.binary("llama-bench")
+        manifest = build_fn(chain, replace(options, targets=(tool,))).manifest
+    exe = manifest.binary(tool)
     fetched = models_lib.fetch(model, find_links=find_links, vendored_tree=chain.tree.path)
     log(f"model {model}: {'cached' if fetched.cached else 'fetched'} {fetched.path}")
     out_dir = out_dir or manifest.build_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
-    result = bench_lib.run(exe, fetched.path, spec, out_dir, log=log)
+    result = run(exe, fetched.path, spec, out_dir, log=log)
     result.build = manifest.key
     return result
 

@@ -128,3 +128,69 @@ for depth in map(int, arg("-d").split(",")):
                      "stddev_ts": 1.5, "samples_ts": [1.0] * int(arg("-r")), "model_size": 2_000_000_000})
 print(json.dumps(rows, indent=2))
 """
+
+
+# a fake llama-batched-bench: the agents tests drive it. It prints what the real tool prints
+# (tools/batched-bench/batched-bench.cpp): a markdown table on stdout by default, one JSON line per
+# (pp, tg, pl) with --output-format jsonl; it skips what its context (the last -c, padded as
+# llama.cpp pads it) cannot hold, and loses its last result line, as the real one can at exit (its
+# logger thread is not joined). Speeds: decode SPEED[-ctk] t/s per agent, divided by 1 + P/1000,
+# halved without -pps (each agent reads its own prefix); q4_0 also loses B% (a ratio that varies
+# with B); prompt 10 x SPEED t/s.
+FAKE_BATCHED_BENCH = """\
+import sys
+args = sys.argv[1:]
+def arg(flag, default=None):
+    return args[len(args) - 1 - args[::-1].index(flag) + 1] if flag in args else default
+ints = lambda flag: [int(x) for x in arg(flag).split(",")]
+with open(__file__ + ".calls", "a") as f:
+    f.write(" ".join(args) + "\\n")
+SPEED = {"f16": 100.0, "q8_0": 90.0, "q4_0": 80.0}
+if arg("-ctk") not in SPEED:
+    print(f"error while handling argument \\"-ctk\\": Unsupported cache type: {arg('-ctk')}", file=sys.stderr)
+    sys.exit(1)
+shared, unified, jsonl = "-pps" in args, "-kvu" in args, arg("--output-format", "md") == "jsonl"
+pad = lambda n: -(-n // 256) * 256
+n_kv_max = pad(int(arg("-c", "0")) or 4096)  # 0: the model's trained context
+if not unified:  # a KV stream per sequence, each n_ctx / n_seq_max (padded)
+    n_kv_max = pad(n_kv_max // max(ints("-npl"))) * max(ints("-npl"))
+fa = {"on": 1, "off": 0, "auto": -1}[arg("-fa", "auto")]
+ngl = int(arg("-ngl", "-1"))
+print("llama_context: n_ctx = %d" % n_kv_max, file=sys.stderr)
+if not jsonl:
+    print()
+    print("llama_batched_bench: n_kv_max = %d, n_batch = 2048, n_ubatch = 512, flash_attn = %d, is_pp_shared = %d, "
+          "is_tg_separate = 0, n_gpu_layers = %d, n_threads = 8, n_threads_batch = 8" % (n_kv_max, fa, shared, ngl))
+    print()
+    print("|%6s | %6s | %4s | %6s | %8s | %8s | %8s | %8s | %8s | %8s |"
+          % ("PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"))
+    print("|%6s-|-%6s-|-%4s-|-%6s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|"
+          % ("------", "------", "----", "------", *["--------"] * 6))
+out = []
+for pp in ints("-npp"):
+    for tg in ints("-ntg"):
+        for pl in ints("-npl"):
+            n_kv = ((pp if unified else pl * pp) + pl * tg) if shared else pl * (pp + tg)
+            if n_kv > n_kv_max:
+                continue
+            speed_tg = SPEED[arg("-ctk")] * pl / (1 + pp / 1000) / (1 if shared else 2)
+            if arg("-ctk") == "q4_0":
+                speed_tg /= 1 + pl / 100
+            speed_pp = 10 * SPEED[arg("-ctk")]
+            t_pp = (pp if shared else pl * pp) / speed_pp
+            t_tg = pl * tg / speed_tg
+            t = t_pp + t_tg
+            speed = ((pp if shared else pl * pp) + pl * tg) / t
+            if jsonl:
+                out.append('{"n_kv_max": %d, "n_batch": %d, "n_ubatch": %d, "flash_attn": %d, "is_pp_shared": %d, '
+                           '"n_gpu_layers": %d, "n_threads": %u, "n_threads_batch": %u, '
+                           '"pp": %d, "tg": %d, "pl": %d, "n_kv": %d, "t_pp": %f, "speed_pp": %f, "t_tg": %f, '
+                           '"speed_tg": %f, "t": %f, "speed": %f}'
+                           % (n_kv_max, 2048, 512, fa, shared, ngl, 8, 8, pp, tg, pl, n_kv, t_pp, speed_pp, t_tg,
+                              speed_tg, t, speed))
+            else:
+                out.append("|%6d | %6d | %4d | %6d | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |"
+                           % (pp, tg, pl, n_kv, t_pp, speed_pp, t_tg, speed_tg, t, speed))
+print("\\n".join(out[:-1]))  # the last line (and the blank one after it) lost at exit
+print("llama_perf_context_print:        load time =      12.34 ms", file=sys.stderr)
+"""

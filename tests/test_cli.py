@@ -168,8 +168,8 @@ def test_vendor_cli(fetched: Proj, tmp_path):
     assert done.returncode == 0 and json.loads(done.stdout)["tree"] == fetched.upstream.pack_tree
 
 
-COMMANDS = ("apply", "unapply", "status", "capture", "refresh", "lock", "verify-patches", "vendor", "build", "doctor",
-            "models", "gate", "bench", "up")
+COMMANDS = ("apply", "unapply", "status", "capture", "refresh", "lock", "verify-patches", "vendor", "rebase", "upstream",
+            "build", "doctor", "models", "gate", "bench", "up")
 
 
 def test_help_lists_the_commands(tmp_path):

@@ -30,6 +30,12 @@ Adding a metric, all in this module plus one test:
   - the test: in tests/bench/test_matrix.py, run `bench.run` on FAKE_BENCH (a fake llama-bench
     whose speeds are known) and assert the metric on a row and its cell in bench.md, as
     test_roofline_columns does. The CLI needs nothing: it prints as_dict and markdown.
+
+agents.py (the agents scenario, llama-batched-bench) measures something else with the same
+reporting, so the pieces it shares live here: `kv_pairs` and `check_flag_sets` (the spec checks),
+`Row` (as_dict/from_dict), `BenchResult` (subclassed with its own SPEC and ROW), `invoke` (one
+run, logged), `add_ratios` (with its own key and value), `table` (COLUMNS-style rendering),
+`line_plot` and `save` (bench.json, bench.md, the PNG).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import shlex
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, ClassVar
 
 from polyforge import proc
 from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
@@ -48,6 +54,31 @@ from polyforge.models.gguf import read_metadata
 from polyforge.kvtypes import CHAIN_BITS, UPSTREAM_BITS, kv_pair
 
 OPTIONAL = {"optional": True}  # BenchRow field metadata: left out of as_dict while None
+
+
+def kv_pairs(kv: list[str], reference: str | None) -> tuple[tuple[str, ...], str]:
+    """--kv (comma-separated or repeated) and --ref, checked: the pairs, the reference first
+    when it was not among them (it is measured in the same run), and the reference."""
+    pairs = [p.strip() for item in kv for p in item.split(",") if p.strip()]
+    if not pairs:
+        raise BadInput("--kv: give at least one K/V pair, e.g. f16/f16,q8_0/q8_0")
+    for pair in pairs:
+        if kv_pair(pair) is None:
+            raise BadInput(f"--kv {pair}: not a K/V type pair like q8_0/q4_0")
+    reference = reference or pairs[0]
+    if reference not in pairs:
+        pairs.insert(0, reference)  # the reference is measured in the same run
+    return tuple(dict.fromkeys(pairs)), reference
+
+
+def check_flag_sets(sets: list[str] | None) -> tuple[str, ...]:
+    """--flags, each a shell-quoted flag set ("" when none was given)."""
+    for flags in sets or []:
+        try:
+            shlex.split(flags)
+        except ValueError as exc:
+            raise BadInput(f"--flags {flags!r}: {exc}") from None
+    return tuple(sets or [""])
 
 
 @dataclass(frozen=True)
@@ -64,37 +95,48 @@ class BenchSpec:
     @staticmethod
     def make(kv: list[str], reference: str | None, depths: list[int], flag_sets: list[str] | None,
              n_prompt: int, n_gen: int, repetitions: int, bandwidth_gbps: float | None = None) -> "BenchSpec":
-        pairs = [p.strip() for item in kv for p in item.split(",") if p.strip()]
-        if not pairs:
-            raise BadInput("--kv: give at least one K/V pair, e.g. f16/f16,q8_0/q8_0")
-        for pair in pairs:
-            if kv_pair(pair) is None:
-                raise BadInput(f"--kv {pair}: not a K/V type pair like q8_0/q4_0")
-        reference = reference or pairs[0]
-        if reference not in pairs:
-            pairs.insert(0, reference)  # the reference is measured in the same run
+        pairs, reference = kv_pairs(kv, reference)
         if not depths or any(d < 0 for d in depths):
             raise BadInput("--depth: a list of non-negative depths")
         if repetitions < 1 or n_prompt < 0 or n_gen < 0 or (n_prompt == 0 and n_gen == 0):
             raise BadInput("-r must be >= 1, and -p or -n must be > 0")
-        for flags in flag_sets or []:
-            try:
-                shlex.split(flags)
-            except ValueError as exc:
-                raise BadInput(f"--flags {flags!r}: {exc}") from None
+        sets = check_flag_sets(flag_sets)
         if bandwidth_gbps is not None and not bandwidth_gbps > 0:
             raise BadInput("--bandwidth takes a positive number of GB/s")
-        return BenchSpec(tuple(dict.fromkeys(pairs)), reference, tuple(sorted(set(depths))),
-                         tuple(flag_sets or [""]), n_prompt, n_gen, repetitions, bandwidth_gbps)
+        return BenchSpec(pairs, reference, tuple(sorted(set(depths))), sets, n_prompt, n_gen, repetitions,
+                         bandwidth_gbps)
+
+    def header(self) -> dict:
+        """bench.json's top-level keys before "spec"."""
+        return {"reference": self.reference, "bandwidth_gbps": self.bandwidth_gbps}
 
     def as_dict(self) -> dict:
         """bench.json's "spec" (the reference and bandwidth sit at the top level there)."""
         return {"kv": list(self.kv), "depths": list(self.depths), "flags": list(self.flag_sets),
                 "n_prompt": self.n_prompt, "n_gen": self.n_gen, "repetitions": self.repetitions}
 
+    @staticmethod
+    def from_dict(data: dict) -> "BenchSpec":
+        """From a whole bench.json."""
+        s = data["spec"]
+        return BenchSpec(tuple(s["kv"]), data["reference"], tuple(s["depths"]), tuple(s["flags"]), s["n_prompt"],
+                         s["n_gen"], s["repetitions"], data.get("bandwidth_gbps"))
+
+
+class Row:
+    """A row's dict: bench.json's rows (fields with OPTIONAL metadata left out while None)."""
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not (f.metadata.get("optional") and getattr(self, f.name) is None)}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
 
 @dataclass
-class BenchRow:
+class BenchRow(Row):
     """One (kv, flags, test, depth) of the matrix: llama-bench's numbers and the derived metrics."""
     kv: str
     flags: str
@@ -118,42 +160,33 @@ class BenchRow:
                         samples=len(result.get("samples_ts", [])) or repetitions,
                         n_gen=int(result.get("n_gen", 0)), model_size=int(result.get("model_size", 0)))
 
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if not (f.metadata.get("optional") and getattr(self, f.name) is None)}
-
-    @staticmethod
-    def from_dict(data: dict) -> "BenchRow":
-        return BenchRow(**{f.name: data[f.name] for f in fields(BenchRow) if f.name in data})
-
 
 @dataclass
 class BenchResult:
-    spec: BenchSpec
+    """A run's result; another scenario subclasses it with its own SPEC and ROW classes."""
+    SPEC: ClassVar[Any] = BenchSpec  # header(), as_dict(), from_dict(bench.json)
+    ROW: ClassVar[Any] = BenchRow
+    spec: Any  # a SPEC
     model: str
-    rows: list[BenchRow]
+    rows: list  # of ROW
     seconds: float
     files: dict[str, str] = field(default_factory=dict)  # json, markdown, png: what run() wrote
     build: str | None = None  # the build's key, set by pipeline.run_bench
 
     def as_dict(self) -> dict:
         """bench.json's shape (written before files and build are known), and --json's."""
-        out = {"reference": self.spec.reference, "bandwidth_gbps": self.spec.bandwidth_gbps,
-               "spec": self.spec.as_dict(), "model": self.model, "rows": [r.as_dict() for r in self.rows],
-               "seconds": self.seconds}
+        out = {**self.spec.header(), "spec": self.spec.as_dict(), "model": self.model,
+               "rows": [r.as_dict() for r in self.rows], "seconds": self.seconds}
         if self.files:
             out["files"] = dict(self.files)
         if self.build is not None:
             out["build"] = self.build
         return out
 
-    @staticmethod
-    def from_dict(data: dict) -> "BenchResult":
-        s = data["spec"]
-        spec = BenchSpec(tuple(s["kv"]), data["reference"], tuple(s["depths"]), tuple(s["flags"]), s["n_prompt"],
-                         s["n_gen"], s["repetitions"], data.get("bandwidth_gbps"))
-        return BenchResult(spec, data["model"], [BenchRow.from_dict(r) for r in data["rows"]], data["seconds"],
-                           dict(data.get("files", {})), data.get("build"))
+    @classmethod
+    def from_dict(cls, data: dict) -> "BenchResult":
+        return cls(cls.SPEC.from_dict(data), data["model"], [cls.ROW.from_dict(r) for r in data["rows"]],
+                   data["seconds"], dict(data.get("files", {})), data.get("build"))
 
 
 def test_name(result: dict) -> str:
@@ -177,6 +210,35 @@ def parse_llama_bench(stdout: str) -> list[dict]:
     return data if isinstance(data, list) else []
 
 
+def stem(pair: str, flags: str, extra: str = "") -> str:
+    """A run's file name stem: K-V[-EXTRA][-FLAGS]."""
+    k, v = pair.split("/")
+    return "-".join(p for p in (f"{k}-{v}", extra, re.sub(r"[^A-Za-z0-9]+", "_", flags).strip("_")) if p)
+
+
+def invoke(argv: list, out_dir: Path, name: str, what: str, timeout: float) -> tuple[str, Path]:
+    """Run one benchmark invocation with its command and output in out_dir/NAME.log; its stdout and the
+    log, or VerificationFailed "WHAT failed ...: the last stderr line"."""
+    done = proc.run(argv, timeout=timeout)
+    log_path = out_dir / f"{name}.log"
+    log_path.write_text(f"$ {' '.join(done.args)}\n{done.stdout}\n--- stderr\n{done.stderr}")
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise VerificationFailed(f"{what}: {last} (log: {log_path})")
+    return done.stdout, log_path
+
+
+def save(result: BenchResult, out_dir: Path, markdown_text: str, png_name: str,
+         plot_fn: Callable[[Any, Path], bool]) -> None:
+    """bench.json, bench.md and (where plot_fn draws one) the PNG; result.files names them."""
+    (out_dir / "bench.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+    (out_dir / "bench.md").write_text(markdown_text)
+    result.files = {"json": str(out_dir / "bench.json"), "markdown": str(out_dir / "bench.md")}
+    png = out_dir / png_name
+    if plot_fn(result, png):
+        result.files["png"] = str(png)
+
+
 def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, timeout: float = 3600,
         log: Callable[[str], None] = lambda m: None) -> BenchResult:
     shape = None
@@ -194,36 +256,29 @@ def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, timeout
                     "-p", str(spec.n_prompt), "-n", str(spec.n_gen), "-r", str(spec.repetitions), "-o", "json",
                     *shlex.split(flags)]
             log(f"llama-bench {pair} {flags}".rstrip())
-            done = proc.run(argv, timeout=timeout)
-            stem = f"{k}-{v}" + (f"-{re.sub(r'[^A-Za-z0-9]+', '_', flags).strip('_')}" if flags else "")
-            (out_dir / f"{stem}.log").write_text(f"$ {' '.join(done.args)}\n{done.stdout}\n--- stderr\n{done.stderr}")
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                raise VerificationFailed(f"llama-bench failed for {pair} {flags}: {last} (log: {out_dir / (stem + '.log')})")
-            results = parse_llama_bench(done.stdout)
+            stdout, log_path = invoke(argv, out_dir, stem(pair, flags), f"llama-bench failed for {pair} {flags}",
+                                      timeout)
+            results = parse_llama_bench(stdout)
             if not results:
-                raise VerificationFailed(f"llama-bench printed no results for {pair} (log: {out_dir / (stem + '.log')})")
+                raise VerificationFailed(f"llama-bench printed no results for {pair} (log: {log_path})")
             rows += [BenchRow.measured(pair, flags, r, spec.repetitions) for r in results]
     add_ratios(rows, spec.reference)
     if shape is not None:
         add_roofline(rows, shape, spec.bandwidth_gbps)
     result = BenchResult(spec, str(model), rows, round(time.monotonic() - started, 1))
-    (out_dir / "bench.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
-    (out_dir / "bench.md").write_text(markdown(result))
-    result.files = {"json": str(out_dir / "bench.json"), "markdown": str(out_dir / "bench.md")}
-    png = out_dir / "decode_vs_depth.png"
-    if plot(result, png):
-        result.files["png"] = str(png)
+    save(result, out_dir, markdown(result), "decode_vs_depth.png", plot)
     return result
 
 
 # -- derived metrics -----------------------------------------------------------------------
-def add_ratios(rows: list[BenchRow], reference: str) -> None:
-    """ratio = avg_ts / the reference KV type's avg_ts at the same flags, test and depth."""
-    ref = {(r.flags, r.test, r.depth): r.avg_ts for r in rows if r.kv == reference}
+def add_ratios(rows: list, reference: str, key: Callable[[Any], tuple] = lambda r: (r.flags, r.test, r.depth),
+               value: Callable[[Any], float] = lambda r: r.avg_ts) -> None:
+    """ratio = value / the reference KV type's value at the same key; for the matrix, avg_ts at
+    the same flags, test and depth."""
+    ref = {key(r): value(r) for r in rows if r.kv == reference}
     for r in rows:
-        base = ref.get((r.flags, r.test, r.depth))
-        r.ratio = round(r.avg_ts / base, 4) if base else None
+        base = ref.get(key(r))
+        r.ratio = round(value(r) / base, 4) if base else None
 
 
 KV_BITS = {**UPSTREAM_BITS, **CHAIN_BITS}
@@ -279,7 +334,8 @@ def add_roofline(rows: list[BenchRow], shape: KvShape, bandwidth_gbps: float) ->
 
 
 # -- reporting -----------------------------------------------------------------------------
-def _cell(value, spec: str = "") -> str:
+def cell(value, spec: str = "") -> str:
+    """A table cell: the value formatted, "-" for None."""
     return "-" if value is None else format(value, spec)
 
 
@@ -291,9 +347,17 @@ def _with_bandwidth(result: BenchResult) -> bool:
 class Column:
     """One column of the markdown table."""
     header: str
-    cell: Callable[[BenchRow], str]  # "-" where the row lacks the value
+    cell: Callable[[Any], str]  # from a row; "-" where the row lacks the value
     numeric: bool = True  # right-aligned
-    when: Callable[[BenchResult], bool] = lambda result: True  # a column only some runs have
+    when: Callable[[Any], bool] = lambda result: True  # a column only some runs have
+
+
+def table(columns: tuple[Column, ...], result: BenchResult, rows: list) -> list[str]:
+    """The markdown table's lines: the columns this result has, one line per row."""
+    columns = [c for c in columns if c.when(result)]
+    return (["| " + " | ".join(c.header for c in columns) + " |",
+             "|" + "|".join("---:" if c.numeric else "---" for c in columns) + "|"]
+            + ["| " + " | ".join(c.cell(r) for c in columns) + " |" for r in rows])
 
 
 COLUMNS = (
@@ -301,25 +365,61 @@ COLUMNS = (
     Column("flags", lambda r: r.flags or "-", numeric=False),
     Column("test", lambda r: r.test, numeric=False),
     Column("depth", lambda r: str(r.depth)),
-    Column("t/s", lambda r: _cell(r.avg_ts, ".2f")),
-    Column("±", lambda r: _cell(r.stddev_ts, ".2f")),
-    Column("ratio", lambda r: _cell(r.ratio, ".3f")),
-    Column("GB/token", lambda r: _cell(None if r.bytes_per_token is None else r.bytes_per_token / 1e9, ".2f"),
+    Column("t/s", lambda r: cell(r.avg_ts, ".2f")),
+    Column("±", lambda r: cell(r.stddev_ts, ".2f")),
+    Column("ratio", lambda r: cell(r.ratio, ".3f")),
+    Column("GB/token", lambda r: cell(None if r.bytes_per_token is None else r.bytes_per_token / 1e9, ".2f"),
            when=_with_bandwidth),
-    Column("roofline t/s", lambda r: _cell(r.roofline_ts, ".0f"), when=_with_bandwidth),
-    Column("of roofline", lambda r: _cell(r.roofline_fraction, ".0%"), when=_with_bandwidth),
+    Column("roofline t/s", lambda r: cell(r.roofline_ts, ".0f"), when=_with_bandwidth),
+    Column("of roofline", lambda r: cell(r.roofline_fraction, ".0%"), when=_with_bandwidth),
 )
 
 
 def markdown(result: BenchResult) -> str:
-    columns = [c for c in COLUMNS if c.when(result)]
     title = (f"reference: `{result.spec.reference}` (ratio = t/s / reference t/s, same run)"
              + (f"; roofline at {result.spec.bandwidth_gbps:g} GB/s" if _with_bandwidth(result) else ""))
-    lines = [title, "", "| " + " | ".join(c.header for c in columns) + " |",
-             "|" + "|".join("---:" if c.numeric else "---" for c in columns) + "|"]
-    for r in sorted(result.rows, key=lambda r: (r.flags, r.test, r.depth, r.kv)):
-        lines.append("| " + " | ".join(c.cell(r) for c in columns) + " |")
-    return "\n".join(lines) + "\n"
+    rows = sorted(result.rows, key=lambda r: (r.flags, r.test, r.depth, r.kv))
+    return "\n".join([title, "", *table(COLUMNS, result, rows)]) + "\n"
+
+
+Series = dict[str, list[tuple]]  # a line's label -> its points: (x, y) or (x, y, error)
+
+
+def line_plot(path: Path, panels: dict[str, Series], *, title: str, xlabel: str, ylabel: str,
+              xticks: list[int] | None = None) -> None:
+    """One panel per entry (side by side, sharing the y axis), one line per series; with xticks a
+    log2 x axis labelled at those values. One panel takes the title; several are titled by key."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EnvironmentProblem("the PNG plot needs matplotlib", hint="pip install 'polyforge[bench]'") from None
+    ncols = min(len(panels), 3)
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7, 4.5) if len(panels) == 1 else (4.8 * ncols, 4 * nrows + 0.5),
+                             sharey=True, squeeze=False)
+    for ax, (name, series) in zip(axes.flat, panels.items()):
+        for label, points in sorted(series.items()):
+            points.sort()
+            ax.errorbar([p[0] for p in points], [p[1] for p in points],
+                        yerr=[p[2] for p in points] if len(points[0]) > 2 else None,
+                        marker="o", capsize=3, label=label)
+        if xticks:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xticks, [str(x) for x in xticks])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title if len(panels) == 1 else name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    if len(panels) > 1:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot(result: BenchResult, path: Path) -> bool:
@@ -327,27 +427,10 @@ def plot(result: BenchResult, path: Path) -> bool:
     decode = [r for r in result.rows if r.test.startswith("tg")]
     if not decode:
         return False
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise EnvironmentProblem("the PNG plot needs matplotlib", hint="pip install 'polyforge[bench]'") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    series: dict[str, list[tuple[int, float, float]]] = {}
+    series: Series = {}
     for r in decode:
         label = r.kv + (f" {r.flags}" if r.flags else "")
         series.setdefault(label, []).append((r.depth, r.avg_ts, r.stddev_ts))
-    for label, points in sorted(series.items()):
-        points.sort()
-        ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points],
-                    marker="o", capsize=3, label=label)
-    ax.set_xlabel("depth (tokens in the KV cache)")
-    ax.set_ylabel("decode t/s")
-    ax.set_title(f"decode speed by KV type (reference {result.spec.reference})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    line_plot(path, {"": series}, title=f"decode speed by KV type (reference {result.spec.reference})",
+              xlabel="depth (tokens in the KV cache)", ylabel="decode t/s")
     return True

@@ -30,8 +30,8 @@ from polyforge.hashing import sha256_bytes, sha256_file
 from polyforge.kvtypes import CHAIN_BITS
 from polyforge.textfile import write_text_atomic
 
-DEFAULT_TARGETS = ("ggml", "llama", "llama-server", "llama-cli", "llama-bench", "llama-perplexity",
-                   "test-backend-ops", "test-quantize-fns")
+DEFAULT_TARGETS = ("ggml", "llama", "llama-server", "llama-cli", "llama-bench", "llama-batched-bench",
+                   "llama-perplexity", "test-backend-ops", "test-quantize-fns")
 BUILD_TYPES = ("Release", "Debug", "RelWithDebInfo")
 BUILD_CONFIG = "build.yaml"  # under gates/: the K/V pairs the chain needs, one place
 MANIFEST = "manifest.json"

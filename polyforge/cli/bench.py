@@ -7,11 +7,13 @@ from typing import List, Optional
 
 import typer
 
+from polyforge.bench import agents as agents_lib
 from polyforge.bench import matrix as bench_lib
 from polyforge.build import builder as build_lib
 from .. import pipeline
 from polyforge.chain.engine import Chain
 from ..console import err
+from ..errors import BadInput
 from ..project import find_project
 from . import app
 from .render import build_with_progress, emit_json, say
@@ -22,11 +24,18 @@ def bench(
     model: str = typer.Option("gemma3-270m", "--model", "-m", help="A model name (polyforge models list) or random:SHAPE."),
     kv: List[str] = typer.Option(["f16/f16,q8_0/q8_0,q4_0/q4_0"], "--kv", help="K/V pairs, comma-separated or repeated."),
     reference: Optional[str] = typer.Option(None, "--ref", help="Reference K/V pair for ratios (default: the first)."),
-    depth: str = typer.Option("0,512", "--depth", "-d", help="Depths, comma-separated."),
-    flags: Optional[List[str]] = typer.Option(None, "--flags", help="A llama-bench flag set, e.g. '-fa 1' (repeatable)."),
-    n_prompt: int = typer.Option(0, "-p", help="Prompt tokens per test (0: none)."),
-    n_gen: int = typer.Option(32, "-n", help="Generated tokens per test."),
-    repetitions: int = typer.Option(3, "-r", help="Repetitions."),
+    depth: Optional[str] = typer.Option(None, "--depth", "-d", help="Depths, comma-separated (default 0,512)."),
+    flags: Optional[List[str]] = typer.Option(None, "--flags", help="A flag set for llama-bench (or with --agents "
+                                              "llama-batched-bench), e.g. '-fa 1' (repeatable)."),
+    n_prompt: Optional[int] = typer.Option(None, "-p", help="Prompt tokens per test (default 0: none)."),
+    n_gen: int = typer.Option(32, "-n", help="Generated tokens per test (with --agents: per agent)."),
+    repetitions: Optional[int] = typer.Option(None, "-r", help="Repetitions (default 3)."),
+    agents: Optional[str] = typer.Option(None, "--agents", help="The agents scenario (llama-batched-bench): "
+                                         "agent counts B, comma-separated, e.g. 1,4,8,16,32."),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="With --agents: prompt tokens P the agents share, "
+                                         "comma-separated (default 32768)."),
+    separate: bool = typer.Option(False, "--separate", help="With --agents: B separate P-token prompts, no shared "
+                                  "prefix (no -pps -kvu)."),
     build_key: Optional[str] = typer.Option(None, "--build"),
     cuda: bool = typer.Option(False, "--cuda"),
     arch: Optional[str] = typer.Option(None, "--arch"),
@@ -36,20 +45,34 @@ def bench(
                                               help="Memory bandwidth in GB/s: add each decode row's roofline."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
-    """A llama-bench matrix: KV types x depths x flags; JSON, markdown, ratios, PNG (and rooflines)."""
-    try:
-        depths = [int(d) for d in depth.split(",") if d.strip()]
-    except ValueError:
-        raise typer.BadParameter("--depth takes integers, e.g. 0,512,2048") from None
-    spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, n_prompt, n_gen, repetitions, bandwidth)
+    """A llama-bench matrix: KV types x depths x flags; JSON, markdown, ratios, PNG (and rooflines).
+    With --agents: B agents sharing a P-token prefix (llama-batched-bench), decode t/s per KV pair."""
+    if agents is not None:
+        matrix_only = {"--depth": depth, "-p": n_prompt, "-r": repetitions, "--bandwidth": bandwidth}
+        for option, value in matrix_only.items():
+            if value is not None:
+                raise BadInput(f"{option} is an option of the llama-bench matrix, not of --agents")
+        prefixes = agents_lib.int_list("32768" if prefix is None else prefix, "--prefix")
+        spec = agents_lib.AgentsSpec.make(kv, reference, agents_lib.int_list(agents, "--agents"), prefixes, n_gen,
+                                          separate, flags)
+        run, render = pipeline.run_agents, agents_lib.markdown
+    else:
+        if prefix is not None or separate:
+            raise BadInput("--prefix and --separate go with --agents")
+        try:
+            depths = [int(d) for d in ("0,512" if depth is None else depth).split(",") if d.strip()]
+        except ValueError:
+            raise typer.BadParameter("--depth takes integers, e.g. 0,512,2048") from None
+        spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, n_prompt or 0, n_gen,
+                                        3 if repetitions is None else repetitions, bandwidth)
+        run, render = pipeline.run_bench, bench_lib.markdown
     chain = Chain(find_project())
-    result = pipeline.run_bench(chain, spec, model=model, build_key=build_key,
-                                options=None if build_key else build_lib.BuildOptions.make(cuda=cuda, arch=arch),
-                                out_dir=Path(out) if out else None, log=lambda m: say(f"[dim]{m}[/]"),
-                                build_fn=build_with_progress(quiet=json_out),
-                                find_links=Path(find_links) if find_links else None)
+    result = run(chain, spec, model=model, build_key=build_key,
+                 options=None if build_key else build_lib.BuildOptions.make(cuda=cuda, arch=arch),
+                 out_dir=Path(out) if out else None, log=lambda m: say(f"[dim]{m}[/]"),
+                 build_fn=build_with_progress(quiet=json_out), find_links=Path(find_links) if find_links else None)
     if json_out:
         emit_json(result.as_dict())
         return
-    err.print(bench_lib.markdown(result), markup=False)
+    err.print(render(result), markup=False)
     say(f"[green]ok[/] {len(result.rows)} rows in {result.seconds} s; " + ", ".join(result.files.values()))

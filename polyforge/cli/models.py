@@ -26,7 +26,7 @@ def models_list(json_out: bool = typer.Option(False, "--json")) -> None:
         return
     for r in rows:
         say(f"{r['name']:<14} {'[green]cached[/]' if r['cached'] else 'not fetched'}  {r['description']}")
-    say("[dim]random:SHAPE  a random-weight GGUF (polyforge.models.registry.random_gguf), e.g. random:tiny[/]")
+    say("[dim]random:SHAPE  a random-weight GGUF (polyforge.models.random_gguf), e.g. random:tiny[/]")
 
 
 @models_app.command("fetch")

@@ -5,7 +5,7 @@ llama.cpp loads it like any model, llama-bench and llama-perplexity run on it. T
 a small SentencePiece-style one with byte fallback, so any text tokenizes.
 
   polyforge models fetch random:tiny
-  python -m polyforge.models.registry.random_gguf --shape small,n_layer=2 --gguf-py vendor/llama.cpp/gguf-py --out m.gguf
+  python -m polyforge.models.random_gguf --shape small,n_layer=2 --gguf-py vendor/llama.cpp/gguf-py --out m.gguf
 
 polyforge.models.registry runs it as a child process: gguf-py is put on sys.path from the vendored
 tree, which must not leak into polyforge's own process. parse_shape needs neither gguf nor numpy.

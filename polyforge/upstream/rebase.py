@@ -606,11 +606,10 @@ def _finish(chain: Chain, state: dict, outcomes: list[Outcome], log: Log) -> Rep
     final = tree.head_tree()
     _checkout(tree, tree.head(), final)
     tree.sync_index()
-    shutil.rmtree(journal.previous / "llama.cpp", ignore_errors=True)
-    new_chain = Chain(project)
-    new_chain.relock()
+    Chain(project).relock()
     if tree.snapshot() != final:
         raise VerificationFailed("the live tree is not the rebased chain's tree after checkout")
+    # only now is the old repository not needed for an abort
     shutil.rmtree(project.rebase_dir)
     log(f"rebased onto {state['release']}: {len(outcomes)} patch(es)")
     return _report(state, outcomes, dry_run=False, done=True)

@@ -6,15 +6,18 @@ look-alike place, merged into a function upstream rewrote, or kept a name upstre
 with its replayed one (new_pre -> new_post, on the new upstream) and upstream's own change
 (old_base -> new_base), and returns findings, each one line a human reads:
 
-  far-hunk                   a hunk landed far from where it was
-  ambiguous-context          a hunk's pre-image occurs more than once in its file
+  far-hunk                   a hunk landed more than FAR_LINES from where the edits above it
+                             carry it (a move those edits explain is routine: not reported)
+  ambiguous-context          a hunk's pre-image occurs more than once in its file (and did
+                             not, or the hunk is not where it was carried)
   function-changed-upstream  upstream changed the function (or the lines) the hunk edits,
                              or renamed, deleted or added a file the patch touches
   name-gone                  the patch uses a name upstream had and no longer has
   interdiff                  the patch's own change (its -/+ lines) differs from the old one
 
-Findings are hints, not verdicts: a clean replay of a patch whose surroundings upstream did
-not touch gives none. Every diff comes from git, with the options of the patch files
+Findings are hints, not verdicts: replaying a patch onto the tree it came from gives none,
+and so does a clean replay that upstream's edits only shifted. Every diff comes from git, with
+the options of the patch files
 (`patchfile.DIFF_OPTIONS`), so hunk positions and function names are git's own.
 """
 
@@ -44,7 +47,7 @@ _QUOTED = re.compile(r'^"((?:[^"\\]|\\.)*)"')
 _MODE_LINES = ("new file mode ", "deleted file mode ", "old mode ", "new mode ")
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}  # a path is a path, not a glob
 # prose, not code: a sentence upstream reworded is no vanished name
-_PROSE = (".md", ".rst", ".adoc", ".txt", ".html", ".htm")
+_PROSE = (".md", ".rst", ".adoc", ".html", ".htm")  # not .txt: CMakeLists.txt is code
 _GREP_CHUNK = 2000  # names per `git grep` pattern: one alternation, so one pass over the tree
 
 
@@ -220,22 +223,42 @@ def _pairs(old: list[_Hunk], new: list[_Hunk]) -> list[tuple[int, _Hunk, _Hunk]]
     return sorted(pairs, key=lambda pair: pair[0])
 
 
-def _far_hunks(repo: Git, old: dict[str, _FileDiff], new: dict[str, _FileDiff],
-               old_pre: str, new_pre: str) -> list[Finding]:
-    """A hunk whose pre-image start moved more than FAR_LINES, or that lands more than FAR_LINES
-    from where the diff of the two pre-images carries its old place (edits above it, upstream's
-    and earlier patches', explain that part of the move; the rest is the merge's doing)."""
+@dataclass(frozen=True)
+class _Placement:
+    """A hunk of the replayed patch with its counterpart in the old patch."""
+
+    number: int  # the new hunk's number in its file, from 1
+    old: _Hunk
+    new: _Hunk
+    carried: int  # where the diff of the two pre-images carries the old hunk's first line
+
+
+def _placements(repo: Git, old: dict[str, _FileDiff], new: dict[str, _FileDiff],
+                old_pre: str, new_pre: str) -> dict[str, list[_Placement]]:
+    """Paired hunks of each file both versions of the patch modify. The diff old_pre -> new_pre
+    (upstream's edits and the earlier patches') carries an old hunk to where a faithful merge
+    puts it; the rest of a move is the merge's doing."""
     paths = sorted(p for p in new if p in old and old[p].kind == new[p].kind == "modified")
     pre_diff = _tree_diff(repo, old_pre, new_pre, paths, context=0)
-    findings = []
+    placements = {}
     for path in paths:
-        carried = pre_diff[path].hunks if path in pre_diff else []
-        for number, old_hunk, new_hunk in _pairs(old[path].hunks, new[path].hunks):
-            was, now = old_hunk.old_start, new_hunk.old_start
-            moved, explained = now - was, _shift(carried, was)
-            if abs(moved) > FAR_LINES or abs(moved - explained) > FAR_LINES:
+        edits = pre_diff[path].hunks if path in pre_diff else []
+        placements[path] = [_Placement(number, o, h, o.old_start + _shift(edits, o.old_start))
+                            for number, o, h in _pairs(old[path].hunks, new[path].hunks)]
+    return placements
+
+
+def _far_hunks(placements: dict[str, list[_Placement]]) -> list[Finding]:
+    """A hunk that lands more than FAR_LINES from where the diff of the two pre-images carries
+    it (the detail says how much of the move the edits above it explain)."""
+    findings = []
+    for path, pairs in placements.items():
+        for pair in pairs:
+            was, now = pair.old.old_start, pair.new.old_start
+            moved, explained = now - was, pair.carried - was
+            if abs(now - pair.carried) > FAR_LINES:
                 because = f"; edits above it explain {explained:+d}" if explained else ""
-                findings.append(Finding("far-hunk", path, f"hunk {number} of {path} moved {moved:+d} lines "
+                findings.append(Finding("far-hunk", path, f"hunk {pair.number} of {path} moved {moved:+d} lines "
                                                           f"(old line {was}, new line {now}{because})"))
     return findings
 
@@ -246,23 +269,34 @@ def _occurrences(lines: list[str], block: list[str]) -> list[int]:
     return [i + 1 for i, line in enumerate(lines) if line == first and lines[i:i + size] == block]
 
 
-def _ambiguous(new: dict[str, _FileDiff], pre_lines: dict[str, list[str]]) -> list[Finding]:
+def _ambiguous(new: dict[str, _FileDiff], pre_lines: dict[str, list[str]], old_pre_lines: dict[str, list[str]],
+               placements: dict[str, list[_Placement]]) -> list[Finding]:
     """A hunk whose pre-image (context and removed lines) occurs more than once in new_pre's
-    file: a merge that placed it by its context may have picked the wrong one."""
+    file: a merge that placed it by its context may have picked the wrong one.
+
+    Not reported when nothing changed about it: the old hunk's pre-image had as many
+    look-alikes in old_pre, and the new hunk sits exactly where the pre-images' diff carries
+    the old one (a patch that edits each of three identical blocks, replayed faithfully)."""
     findings = []
     for path, diff in sorted(new.items()):
         if path not in pre_lines:
             continue
+        settled = {pair.number: pair for pair in placements.get(path, [])}
         for number, hunk in enumerate(diff.hunks, 1):
             block = hunk.pre_image
             if sum(1 for line in block if line.strip()) < MIN_PRE_IMAGE_LINES:
                 continue
             at = _occurrences(pre_lines[path], block)
-            if len(at) > 1:
-                where = ", ".join(map(str, at[:5])) + (", ..." if len(at) > 5 else "")
-                findings.append(Finding("ambiguous-context", path, (
-                    f"hunk {number} of {path}: its {len(block)}-line pre-image occurs {len(at)} times "
-                    f"(lines {where}; the patch is at {hunk.old_start}); the merge may have picked a look-alike place")))
+            if len(at) < 2:
+                continue
+            pair = settled.get(number)
+            if (pair and pair.carried == hunk.old_start and path in old_pre_lines
+                    and len(_occurrences(old_pre_lines[path], pair.old.pre_image)) >= len(at)):
+                continue
+            where = ", ".join(map(str, at[:5])) + (", ..." if len(at) > 5 else "")
+            findings.append(Finding("ambiguous-context", path, (
+                f"hunk {number} of {path}: its {len(block)}-line pre-image occurs {len(at)} times "
+                f"(lines {where}; the patch is at {hunk.old_start}); the merge may have picked a look-alike place")))
     return findings
 
 
@@ -445,8 +479,10 @@ def review_patch(repo: Git, *, old_base: str, new_base: str, old_pre: str, old_p
     old = _parse(generate_diff(repo, old_pre, old_post))
     new = _parse(generate_diff(repo, new_pre, new_post))
     pre_lines = _read_lines(repo, new_pre, sorted(p for p, d in new.items() if d.kind != "added"))
-    return [*_far_hunks(repo, old, new, old_pre, new_pre),
-            *_ambiguous(new, pre_lines),
+    placements = _placements(repo, old, new, old_pre, new_pre)
+    old_pre_lines = _read_lines(repo, old_pre, sorted(placements))
+    return [*_far_hunks(placements),
+            *_ambiguous(new, pre_lines, old_pre_lines, placements),
             *_upstream_changes(repo, old, new, old_base, new_base, new_pre),
             *_names_gone(repo, new, pre_lines, old_base, new_base, new_pre),
             *_interdiff(old, new)]

@@ -157,6 +157,14 @@ def test_fa_quants_unit():
         build_lib.fa_quants(pairs, None)
 
 
+def test_real_repo_declares_the_chain_pairs():
+    root = Path(__file__).resolve().parents[2]
+    pairs = build_lib.load_fa_pairs(root / "gates")
+    for pair in ("q8_0-q4_0", "turbo2-turbo2", "turbo3-turbo3", "turbo4-turbo4", "q8_0-turbo4", "q8_0-turbo3",
+                 "q8_0-turbo2"):
+        assert pair in pairs
+
+
 def test_cuda_without_gpu_asks_for_arch(tiny, fake_cuda, monkeypatch):
     monkeypatch.setattr(toolchain, "local_gpu_archs", lambda: [])
     with pytest.raises(EnvironmentProblem, match="--cuda: no GPU") as info:

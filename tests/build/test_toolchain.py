@@ -1,4 +1,4 @@
-"""polyforge.build.builder.toolchain: the probes build and doctor share, against fake tools on PATH."""
+"""polyforge.build.toolchain: the probes build and doctor share, against fake tools on PATH."""
 
 from __future__ import annotations
 

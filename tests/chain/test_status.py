@@ -1,11 +1,11 @@
-"""polyforge.chain.engine.status: the typed status and its --json shape."""
+"""polyforge.chain.status: the typed status and its --json shape."""
 
 from __future__ import annotations
 
 from conftest import Proj, capture
 from polyforge.chain.status import read as read_status
 
-CHAIN_KEYS = ["patches", "lock_drift", "interrupted", "journal_problem", "applied", "unapplied", "live_edits",
+CHAIN_KEYS = ["patches", "lock_drift", "interrupted", "journal_problem", "rebasing", "applied", "unapplied", "live_edits",
               "applied_changed", "applied_missing", "chain_mismatch", "git_locks"]
 
 
@@ -22,7 +22,7 @@ def test_status_of_an_applied_chain_with_a_live_edit(fetched: Proj):
     d = info.as_dict()
     # today's JSON: vendor status's keys (its "ok" now the whole status's), then the chain's
     assert list(d)[:len(info.vendor)] == list(info.vendor) and list(d)[len(info.vendor):] == CHAIN_KEYS
-    assert d["ok"] is True and d["git_locks"] == {"removable": [], "blocking": []}
+    assert d["ok"] is True and d["rebasing"] is False and d["git_locks"] == {"removable": [], "blocking": []}
 
 
 def test_a_git_lock_someone_else_holds_makes_status_not_ok(fetched: Proj):

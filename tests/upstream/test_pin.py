@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conftest import ROOT
 from polyforge.errors import BadInput, EnvironmentProblem
-from polyforge.upstream.pin import Pin
-from polyforge.upstream.source import Archive, Dir, Git, PypiSdist
+from polyforge.upstream.pin import Pin, render_pin
+from polyforge.upstream.source import PYPI_INDEX, Archive, Dir, Git, PypiSdist
 
 
 def _pin(tmp_path, text: str):
@@ -45,8 +47,31 @@ def test_each_kind_from_the_pin(tmp_path):
 
 def test_the_projects_pin_is_valid():
     pin = Pin.load(ROOT / "vendor" / "pin.yaml")
-    assert [type(s) for s in pin.sources] == [PypiSdist, Git, Archive]
-    assert pin.sources[1].rev == pin.commit
+    assert all(isinstance(s, (PypiSdist, Archive)) and s.sha256 for s in pin.sources)  # bytes pinned
+    assert all(s.rev == pin.commit for s in pin.sources if isinstance(s, Git))
+
+
+def test_the_writer_round_trips_every_kind(tmp_path):
+    """render_pin (what a rebase writes) reads back as the same pin, each source from its pin_entry()."""
+    sources = (PypiSdist(name="s", package="p", version="1.0", filename="p-1.0.tar.gz", sha256="c" * 64, subdir="p-1.0/up"),
+               Git(name="g", url="https://example.org/up", rev="a" * 40),
+               Archive(name="t", location="${MIRROR}", sha256="d" * 64),
+               Dir(name="d", location="/x"))
+    text = render_pin(project="llama.cpp", release="b2", commit="a" * 40, tree="b" * 40, pack_prune=("docs", "models"),
+                      pack_tree="e" * 40, sources=[s.pin_entry() for s in sources])
+    pin = _pin(tmp_path, text)
+    assert (pin.release, pin.commit, pin.tree, pin.pack_prune, pin.pack_tree) == ("b2", "a" * 40, "b" * 40,
+                                                                                  ("docs", "models"), "e" * 40)
+    assert pin.sources == tuple(replace(s, index=PYPI_INDEX) if isinstance(s, PypiSdist) else s for s in sources)
+    assert text.startswith("# The upstream llama.cpp") and "\n  - name: s\n    kind: pypi-sdist\n" in text
+
+
+def test_a_pin_without_a_commit(tmp_path):
+    no_commit = "upstream: {release: b1, tree: %s}\nsources:\n" % ("b" * 40)
+    pin = _pin(tmp_path, no_commit + "  - {name: a, kind: dir, location: /x}\n")
+    assert pin.commit is None and pin.label == "b1"
+    with pytest.raises(BadInput, match="a git source fetches upstream.commit, and the pin has none"):
+        _pin(tmp_path, no_commit + "  - {name: g, kind: git, location: https://example.org/up}\n")
 
 
 @pytest.mark.parametrize("text, fragment", [

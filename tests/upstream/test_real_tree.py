@@ -127,3 +127,19 @@ def test_pruned_packs_carry_the_real_chain(tmp_path):
     done = run_cli("verify-patches", "--json", cwd=again)
     assert done.returncode == 0, done.stdout
     assert [p["tree"] for p in json.loads(done.stdout)["patches"]] == [e["pack_tree"] for e in relocked["patches"]]
+
+
+def test_rebase_dry_run_onto_the_previous_pin(real: Path):
+    """The report on a real second upstream: the test chain onto the pin before this one (from
+    vendor/pin-history.yaml, fetched from PyPI), and nothing moves."""
+    history = yaml.safe_load((ROOT / "vendor" / "pin-history.yaml").read_text())["pins"]
+    onto = history[-1]["rebase_back"].split("--onto ", 1)[1].split()[0]
+    before = json.loads(run_cli("status", "--json", cwd=real).stdout)
+    done = run_cli("rebase", "--onto", onto, "--dry-run", "--json", cwd=real)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["dry_run"] and report["clean"] and report["new_tree"] == history[-1]["tree"]
+    assert [p["name"] for p in report["patches"]] == sorted(p.name for p in REAL_CHAIN.glob("*.patch"))
+    assert {p["status"] for p in report["patches"]} <= {"exact", "offsets", "three-way"}
+    after = json.loads(run_cli("status", "--json", cwd=real).stdout)
+    assert after == before

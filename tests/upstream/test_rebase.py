@@ -202,6 +202,21 @@ def test_abort_restores_every_byte(conflicted):
     assert verify_lib.verify(proj.chain()).ok
 
 
+@pytest.mark.parametrize("edits, conflicted_path", [
+    ({"src/llama.cpp": None}, "src/llama.cpp"),  # deleted upstream
+    ({"src/llama.h": "#pragma once\nint f0(void);\nint fx(void);\n"}, "src/llama.h"),  # changed alike
+    ({"src/llama.cpp": None, "src/llama-core.cpp": LLAMA_CPP.replace("return 7;", "return 700;")},
+     "src/llama-core.cpp"),  # renamed and changed
+])
+def test_abort_after_each_kind_of_conflict(applied: Proj, tmp_path, edits, conflicted_path):
+    onto = new_upstream(tmp_path, "moved", edits)
+    before = fingerprint(applied)
+    report = rebase(applied, onto)
+    assert report.first_conflict is not None and conflicted_path in report.first_conflict.conflicts
+    resume(applied, "abort")
+    assert fingerprint(applied) == before
+
+
 def test_abort_after_a_finished_step_and_after_a_run_cut_short(applied: Proj, tmp_path, monkeypatch):
     onto = new_upstream(tmp_path, "drift", {"src/llama.cpp": "// new\n" + LLAMA_CPP})
     before = fingerprint(applied)

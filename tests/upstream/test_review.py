@@ -19,13 +19,30 @@ def repo(tmp_path: Path) -> Git:
     return git
 
 
-def tree(repo: Git, files: dict[str, str]) -> str:
-    """A tree holding `files` (path -> text), written through a scratch index."""
+def trees(repo: Git, **named: dict[str, str]) -> dict[str, str]:
+    """Tree ids of the named {path: text} dicts: one hash-object for every text, then a
+    scratch index per distinct tree (the tests make hundreds of trees: keep git calls few)."""
+    texts = sorted({text for files in named.values() for text in files.values()})
+    folder = repo.cwd / "texts"
+    folder.mkdir(exist_ok=True)
+    for i, text in enumerate(texts):
+        (folder / str(i)).write_text(text)
+    paths = "\n".join(str(folder / str(i)) for i in range(len(texts)))
+    blob = dict(zip(texts, repo.run("hash-object", "-w", "--stdin-paths", input=paths.encode()).split()))
+    made: dict[tuple, str] = {}
     with scratch_index(repo) as index:
-        for path, text in files.items():
-            blob = repo.run("hash-object", "-w", "--stdin", input=text.encode())
-            index.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
-        return index.write_tree()
+        for files in named.values():
+            key = tuple(sorted(files.items()))
+            if key not in made:
+                index.run("read-tree", "--empty")
+                entries = "".join(f"100644 {blob[text]}\t{path}\n" for path, text in files.items())
+                index.run("update-index", "--index-info", input=entries.encode())
+                made[key] = index.write_tree()
+    return {name: made[tuple(sorted(files.items()))] for name, files in named.items()}
+
+
+def tree(repo: Git, files: dict[str, str]) -> str:
+    return trees(repo, tree=files)["tree"]
 
 
 def funcs(first: int, last: int, name: str = "calc", body: int = 6) -> str:
@@ -45,10 +62,8 @@ def edit(text: str, old: str, new: str) -> str:
 
 def review(repo: Git, old_base: dict, new_base: dict, old_post: dict, new_post: dict,
            old_pre: dict | None = None, new_pre: dict | None = None) -> list[Finding]:
-    trees = {k: tree(repo, v) for k, v in dict(old_base=old_base, new_base=new_base, old_post=old_post,
-                                                new_post=new_post, old_pre=old_pre or old_base,
-                                                new_pre=new_pre or new_base).items()}
-    findings = review_patch(repo, **trees)
+    findings = review_patch(repo, **trees(repo, old_base=old_base, new_base=new_base, old_post=old_post,
+                                          new_post=new_post, old_pre=old_pre or old_base, new_pre=new_pre or new_base))
     assert all(f.kind in KINDS for f in findings)
     return findings
 
@@ -57,6 +72,7 @@ def kinds(findings: list[Finding]) -> list[str]:
     return [f.kind for f in findings]
 
 
+TABLE = "static int table[] = {\n    1, 2, 3,\n    4, 5, 6,\n    7, 8, 9,\n};\n\n"
 PATCH_OLD, PATCH_NEW = "    y30 += 2 * x + 30;", "    y30 += 2 * x + 30 + calc3(x);"
 
 
@@ -78,23 +94,27 @@ def test_identical_trees_give_nothing(repo: Git):
 
 
 # -- far-hunk --------------------------------------------------------------------------------
-def test_far_hunk_when_upstream_adds_many_lines_above(repo: Git):
+def test_no_far_hunk_when_upstream_edits_above_explain_the_move(repo: Git):
     old_base = {"src/calc.c": funcs(0, 50)}
     added = "".join(f"/* upstream note {i} */\n" for i in range(150))
     new_base = {"src/calc.c": added + funcs(0, 50)}
-    findings = review(repo, old_base, new_base, replay(old_base), replay(new_base))
-    assert kinds(findings) == ["far-hunk"]
-    old_line = funcs(0, 50).split("\n").index(PATCH_OLD) + 1 - 3  # three lines of context
-    assert findings[0].path == "src/calc.c"
-    assert findings[0].detail == (f"hunk 1 of src/calc.c moved +150 lines (old line {old_line}, "
-                                  f"new line {old_line + 150}; edits above it explain +150)")
+    assert review(repo, old_base, new_base, replay(old_base), replay(new_base)) == []
+
+
+def test_far_hunk_when_the_hunk_stayed_put_but_its_code_moved(repo: Git):
+    # upstream put 144 lines above calc30; the replay edits whatever now sits at calc30's old lines
+    old_base = {"src/calc.c": funcs(0, 50)}
+    new_base = {"src/calc.c": "".join(f"/* upstream note {i} */\n" for i in range(144)) + funcs(0, 50)}
+    stayed = replay(new_base, "    y18 += 2 * x + 18;", "    y18 += 2 * x + 18 + calc3(x);")
+    findings = review(repo, old_base, new_base, replay(old_base), stayed)
+    assert kinds(findings) == ["far-hunk", "interdiff"]
+    assert findings[0].detail == "hunk 1 of src/calc.c moved +0 lines (old line 363, new line 363; edits above it explain +144)"
 
 
 def test_far_hunk_and_ambiguous_context_when_the_merge_picked_a_look_alike(repo: Git):
     # the same table twice, 300 lines apart; the replay edits the second copy, and upstream
     # moved nothing: the move is all the merge's, and the patch's own change is the same
-    table = "static int table[] = {\n    1, 2, 3,\n    4, 5, 6,\n    7, 8, 9,\n};\n\n"
-    edited = table.replace("4, 5, 6", "4, 5, 60")
+    table, edited = TABLE, TABLE.replace("4, 5, 6", "4, 5, 60")
     base = {"src/calc.c": "/* top */\n\n" + table + funcs(0, 25) + table + funcs(25, 30)}
     old_post = {"src/calc.c": "/* top */\n\n" + edited + funcs(0, 25) + table + funcs(25, 30)}
     new_post = {"src/calc.c": "/* top */\n\n" + table + funcs(0, 25) + edited + funcs(25, 30)}
@@ -117,11 +137,35 @@ def test_hunks_pair_by_their_changed_lines_when_the_counts_differ(repo: Git):
 
 # -- ambiguous-context -----------------------------------------------------------------------
 def test_short_pre_images_are_not_called_ambiguous(repo: Git):
-    # an insertion at the top: its pre-image is `}`, ``, `}` (two non-blank lines), which recurs
+    # the replay gains an insertion at the top: its pre-image is `}`, ``, `}` (two non-blank
+    # lines), which recurs at the end
     text = "}\n\n}\n" + funcs(0, 3) + "}\n\n}\n"
     base = {"src/calc.c": text}
-    findings = review(repo, base, base, {"src/calc.c": "/* top */\n" + text}, {"src/calc.c": "/* top */\n" + text})
+    old_post = {"src/calc.c": text.replace("    return y1;", "    return 0;")}
+    findings = review(repo, base, base, old_post, {"src/calc.c": "/* top */\n" + old_post["src/calc.c"]})
+    assert kinds(findings) == ["interdiff"]
+
+
+def test_look_alikes_the_old_patch_had_too_are_quiet_when_replayed_in_place(repo: Git):
+    # the patch edits both copies of the table; upstream adds lines above both: same places
+    text = funcs(0, 2) + TABLE + funcs(2, 5) + TABLE + funcs(5, 8)
+    old_base = {"src/calc.c": text}
+    new_base = {"src/calc.c": "".join(f"/* new {i} */\n" for i in range(20)) + text}
+    both = TABLE.replace("4, 5, 6", "4, 5, 60")
+    findings = review(repo, old_base, new_base, {"src/calc.c": old_base["src/calc.c"].replace(TABLE, both)},
+                      {"src/calc.c": new_base["src/calc.c"].replace(TABLE, both)})
     assert findings == []
+
+
+def test_a_look_alike_upstream_added_is_ambiguous(repo: Git):
+    text = "/* top */\n\n" + TABLE + funcs(0, 5)
+    old_base = {"src/calc.c": text}
+    new_base = {"src/calc.c": text + TABLE}  # upstream copied the table below
+    edited = TABLE.replace("4, 5, 6", "4, 5, 60")
+    findings = review(repo, old_base, new_base, {"src/calc.c": text.replace(TABLE, edited)},
+                      {"src/calc.c": text.replace(TABLE, edited) + TABLE})
+    assert kinds(findings) == ["ambiguous-context"]
+    assert "occurs 2 times (lines 2, 68; the patch is at 2)" in findings[0].detail
 
 
 # -- function-changed-upstream ---------------------------------------------------------------

@@ -1,0 +1,250 @@
+"""`polyforge bench --agents`: B agents sharing a P-token prefix, as llama-server's shared pool
+serves them, measured with llama-batched-bench per KV type (-ctk/-ctv pair) x prefix P x agent
+count B; writes JSON, a markdown table with each pair's decode t/s as a ratio to a reference
+pair measured in the same run, and a PNG of decode t/s against B (a panel per KV pair, a line
+per prefix).
+
+Why: an agent fleet on one server is many sequences decoding together over one long shared
+prompt (a system prompt, a repository, a tool catalogue). What a KV type costs or saves there is
+not the llama-bench matrix's single-sequence decode at a depth: each of the B tokens of a decode
+step attends over the shared P cells plus its own, out of one unified KV cache. So the shared
+scenario runs `llama-batched-bench -pps -kvu` (the prefix is decoded once and copied to every
+sequence as llama-server's unified cache holds it); `--separate` drops -pps -kvu and measures B
+separate P-token prompts, each in its own KV stream, for comparison.
+
+What llama-batched-bench prints (tools/batched-bench/batched-bench.cpp), and what follows here:
+  - it crosses -npp x -ntg x -npl; with `--output-format jsonl` each combination is one JSON line
+    on stdout ({"pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed",
+    and the context's settings}); the default is a markdown table with the same numbers
+    (| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |). Log lines go
+    to stderr. This module asks for jsonl.
+  - it silently skips a combination whose cells (N_KV: P + B*N shared, B*(P+N) separate) exceed
+    its context, which defaults to the model's trained context; so each invocation gets -c for its
+    prefix at the largest B, and a B that still did not come back is an error, not a missing row.
+  - it can lose its last output lines: its logger (common/log.cpp) prints from a thread that is
+    not joined at exit (llama.cpp issue 22142), so a run that exits soon after its last result
+    drops that line (17 of 70 runs of a tiny model on a CPU build; with nothing to run, even the
+    table's header). So each invocation ends with a cheap DRAIN_PP-token prompt after P
+    (-npp P,1) whose lines are not kept: P's lines are printed while it runs (0 lost of 40).
+  - S_TG t/s is B*N generated tokens over the decode time: all agents together. S_PP t/s counts
+    the prompt tokens decoded: P with -pps (the prefix once), B*P without; the prompt t/s of the
+    two modes are not the same quantity. N_KV is the cells required, not measured.
+
+Each (flag set, prefix, KV pair) is one invocation with the whole -npl list; rows are keyed by
+(kv, flags, prefix, agents). matrix.py holds what the two scenarios share: the --kv/--ref and
+--flags checks, Row, BenchResult, invoke, add_ratios, the Column table, line_plot and save. The
+build and the model come from pipeline.run_agents; this module only measures and reports.
+
+How a row gets its numbers (`run`):
+  1. measured: `AgentRow.measured` reads one jsonl line of llama-batched-bench into a row;
+  2. derived: `matrix.add_ratios` keyed by `AgentRow.point` on decode_ts (ratio to the reference
+     KV pair at the same flags, prefix and B);
+  3. reported: `AgentsResult.as_dict` is bench.json and `--json`; `markdown` renders COLUMNS into
+     bench.md (and the CLI's table); `plot` draws decode t/s against B.
+
+Adding a metric, all in this module plus one test:
+  - a field on AgentRow (a plain field if every row has it; `metadata=matrix.OPTIONAL` and a None
+    default if only some do, and as_dict leaves it out while None);
+  - where it is computed: from the jsonl line, in `AgentRow.measured` (e.g. decode t/s per agent,
+    speed_tg / pl); from other rows, in a pass called from `run` next to add_ratios;
+  - how it shows: a `matrix.Column` in COLUMNS; `plot` draws decode_ts alone;
+  - the test: in tests/bench/test_agents.py, run `agents.run` on FAKE_BATCHED_BENCH (a fake
+    llama-batched-bench whose speeds are known) and assert the row and its cell in bench.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from polyforge.bench import matrix
+from polyforge.bench.matrix import Column, cell
+from polyforge.errors import BadInput, VerificationFailed
+
+TOOL = "llama-batched-bench"
+MAX_AGENTS = 256  # LLAMA_MAX_SEQ: the most sequences one llama.cpp context holds
+MAX_CELLS = 2**31 - 1  # the tool's context size is an int32
+ALWAYS = ("-fa", "on", "-ngl", "99", "--output-format", "jsonl")  # before the flag set, which may override
+SHARED = ("-pps", "-kvu")  # one prefix, copied into every sequence of one unified KV cache
+DRAIN_PP = 1  # a last prompt length, run after P so that P's lines are printed before the tool exits
+
+
+def int_list(text: str, option: str) -> list[int]:
+    """A comma-separated list of whole numbers from the command line."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"{option} {text}: not a comma-separated list of whole numbers") from None
+
+
+@dataclass(frozen=True)
+class AgentsSpec:
+    kv: tuple[str, ...]
+    reference: str
+    agents: tuple[int, ...]  # B: sequences decoding together
+    prefixes: tuple[int, ...]  # P: the prompt's tokens (shared by all B, or each agent's own)
+    n_gen: int  # N: tokens each agent generates
+    separate: bool = False  # B separate prompts (no -pps -kvu)
+    flag_sets: tuple[str, ...] = ("",)
+
+    @staticmethod
+    def make(kv: list[str], reference: str | None, agents: list[int], prefixes: list[int], n_gen: int,
+             separate: bool = False, flag_sets: list[str] | None = None) -> "AgentsSpec":
+        pairs, reference = matrix.kv_pairs(kv, reference)
+        if not agents or any(not 1 <= b <= MAX_AGENTS for b in agents):
+            raise BadInput(f"--agents: a list of agent counts from 1 to {MAX_AGENTS}, e.g. 1,4,8,16,32")
+        if not prefixes or any(p < 1 for p in prefixes):
+            raise BadInput("--prefix: a list of positive prompt lengths in tokens, e.g. 32768,131072")
+        if n_gen < 1:
+            raise BadInput("-n: each agent must generate at least one token")
+        spec = AgentsSpec(pairs, reference, tuple(sorted(set(agents))), tuple(sorted(set(prefixes))), n_gen,
+                          separate, matrix.check_flag_sets(flag_sets))
+        if spec.n_ctx(spec.prefixes[-1]) > MAX_CELLS:
+            raise BadInput(f"--prefix {spec.prefixes[-1]} with {spec.agents[-1]} agents needs "
+                           f"{spec.n_ctx(spec.prefixes[-1])} KV cells; llama.cpp's context holds at most {MAX_CELLS}")
+        return spec
+
+    def n_ctx(self, prefix: int) -> int:
+        """The context (-c) a prefix needs at the most agents: N_KV as the tool counts it."""
+        most = max(self.agents)
+        return most * (prefix + self.n_gen) if self.separate else prefix + most * self.n_gen
+
+    def argv(self, exe: Path, model: Path, pair: str, prefix: int, flags: str) -> list:
+        k, v = pair.split("/")
+        return [exe, "-m", model, "-ctk", k, "-ctv", v, "-npp", f"{prefix},{DRAIN_PP}", "-ntg", str(self.n_gen),
+                "-npl", ",".join(map(str, self.agents)), "-c", str(self.n_ctx(prefix)), *ALWAYS,
+                *(() if self.separate else SHARED), *shlex.split(flags)]
+
+    def header(self) -> dict:
+        """bench.json's top-level keys before "spec"."""
+        return {"scenario": "agents", "reference": self.reference}
+
+    def as_dict(self) -> dict:
+        return {"kv": list(self.kv), "agents": list(self.agents), "prefixes": list(self.prefixes),
+                "n_gen": self.n_gen, "separate": self.separate, "flags": list(self.flag_sets)}
+
+    @staticmethod
+    def from_dict(data: dict) -> "AgentsSpec":
+        """From a whole bench.json."""
+        s = data["spec"]
+        return AgentsSpec(tuple(s["kv"]), data["reference"], tuple(s["agents"]), tuple(s["prefixes"]), s["n_gen"],
+                          s["separate"], tuple(s["flags"]))
+
+
+@dataclass
+class AgentRow(matrix.Row):
+    """One (kv, flags, prefix, agents) point: llama-batched-bench's numbers and the ratio."""
+    kv: str
+    flags: str
+    prefix: int  # P (PP)
+    agents: int  # B
+    n_gen: int  # N (TG), per agent
+    n_kv: int  # N_KV: cells required, P + B*N shared, B*(P+N) separate
+    prompt_s: float  # T_PP s
+    prompt_ts: float  # S_PP t/s: P tokens (shared) or B*P (separate) over T_PP
+    decode_s: float  # T_TG s
+    decode_ts: float  # S_TG t/s: B*N tokens over T_TG, all agents together
+    total_ts: float  # S t/s
+    ratio: float | None = None  # decode_ts / the reference pair's at the same flags, prefix and B
+
+    @staticmethod
+    def measured(kv: str, flags: str, line: dict) -> "AgentRow":
+        """A row from one line of llama-batched-bench --output-format jsonl."""
+        return AgentRow(kv=kv, flags=flags, prefix=int(line["pp"]), agents=int(line["pl"]), n_gen=int(line["tg"]),
+                        n_kv=int(line["n_kv"]), prompt_s=float(line["t_pp"]), prompt_ts=float(line["speed_pp"]),
+                        decode_s=float(line["t_tg"]), decode_ts=float(line["speed_tg"]), total_ts=float(line["speed"]))
+
+    def point(self) -> tuple:
+        """What the ratio compares across KV pairs."""
+        return self.flags, self.prefix, self.agents
+
+
+@dataclass
+class AgentsResult(matrix.BenchResult):
+    SPEC = AgentsSpec
+    ROW = AgentRow
+
+
+def parse_jsonl(stdout: str) -> list[dict]:
+    """The result lines of llama-batched-bench --output-format jsonl (other lines skipped)."""
+    lines = []
+    for text in stdout.splitlines():
+        if text.lstrip().startswith("{"):
+            try:
+                line = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(line, dict) and "speed_tg" in line:
+                lines.append(line)
+    return lines
+
+
+def run(exe: Path, model: Path, spec: AgentsSpec, out_dir: Path, *, timeout: float = 3600,
+        log: Callable[[str], None] = lambda m: None) -> AgentsResult:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[AgentRow] = []
+    started = time.monotonic()
+    for flags in spec.flag_sets:
+        for prefix in spec.prefixes:
+            for pair in spec.kv:
+                what = f"{TOOL} {pair} P={prefix} {flags}".rstrip()
+                log(f"{what} B={','.join(map(str, spec.agents))} -c {spec.n_ctx(prefix)}")
+                stdout, log_path = matrix.invoke(spec.argv(exe, model, pair, prefix, flags), out_dir,
+                                                 matrix.stem(pair, flags, f"p{prefix}"), f"{what} failed", timeout)
+                lines: dict[int, dict] = {}  # B -> P's line (the first: with P = DRAIN_PP the drain's come next)
+                for ln in parse_jsonl(stdout):
+                    if ln["pp"] == prefix:
+                        lines.setdefault(ln["pl"], ln)
+                missing = [b for b in spec.agents if b not in lines]
+                if missing:
+                    raise VerificationFailed(f"{what}: no result for B={','.join(map(str, missing))} (it skips what "
+                                             f"its context cannot hold, or lost the line) (log: {log_path})")
+                rows += [AgentRow.measured(pair, flags, lines[b]) for b in spec.agents]
+    matrix.add_ratios(rows, spec.reference, key=AgentRow.point, value=lambda r: r.decode_ts)
+    result = AgentsResult(spec, str(model), rows, round(time.monotonic() - started, 1))
+    matrix.save(result, out_dir, markdown(result), "decode_vs_agents.png", plot)
+    return result
+
+
+# -- reporting -----------------------------------------------------------------------------
+def _mode(spec: AgentsSpec) -> str:
+    if spec.separate:
+        return "separate prompts: B agents, each its own P-token prompt and KV stream"
+    return "shared prefix: B agents over one P-token prefix in a unified KV cache (-pps -kvu)"
+
+
+COLUMNS = (
+    Column("kv", lambda r: r.kv, numeric=False),
+    Column("flags", lambda r: r.flags or "-", numeric=False, when=lambda result: result.spec.flag_sets != ("",)),
+    Column("prefix", lambda r: str(r.prefix)),
+    Column("agents", lambda r: str(r.agents)),
+    Column("prompt t/s", lambda r: cell(r.prompt_ts, ".2f")),
+    Column("decode t/s", lambda r: cell(r.decode_ts, ".2f")),
+    Column("ratio", lambda r: cell(r.ratio, ".3f")),
+)
+
+
+def markdown(result: AgentsResult) -> str:
+    spec = result.spec
+    title = (f"{_mode(spec)}; {spec.n_gen} tokens generated per agent; decode t/s is all agents together; "
+             f"reference: `{spec.reference}` (ratio = decode t/s / reference decode t/s, same run)")
+    rows = sorted(result.rows, key=lambda r: (r.flags, r.prefix, r.agents, r.kv))
+    return "\n".join([title, "", *matrix.table(COLUMNS, result, rows)]) + "\n"
+
+
+def plot(result: AgentsResult, path: Path) -> bool:
+    """Decode t/s against B: a panel per KV pair, a line per prefix (and flag set)."""
+    if not result.rows:
+        return False
+    panels: dict[str, matrix.Series] = {pair: {} for pair in result.spec.kv}
+    for r in result.rows:
+        label = f"P={r.prefix}" + (f" {r.flags}" if r.flags else "")
+        panels[r.kv].setdefault(label, []).append((r.agents, r.decode_ts))
+    mode = "separate prompts" if result.spec.separate else "shared prefix"
+    matrix.line_plot(path, panels, title=f"decode t/s of B agents ({mode}, reference {result.spec.reference})",
+                     xlabel="agents (B)", ylabel="decode t/s, all agents", xticks=list(result.spec.agents))
+    return True

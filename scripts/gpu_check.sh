@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# CUDA checks of the pinned tree with the chain on a GPU machine without network (the H200 of
+# ../shared/device.md): vendor from a pack, apply, build, test-backend-ops against the CPU, bench.
+# What travels in .whl/ (gitignored): llama.tar.xz from `polyforge vendor pack .whl/llama.tar.xz`,
+# and gitpython, gitdb and smmap wheels (`pip download --no-deps --only-binary=:all: -d .whl ...`).
+#
+#   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | agents
+#
+# Each phase writes its log and a one-line summary under OUT; a failing step stops the phase.
+set -u
+out=${1:?usage: gpu_check.sh OUT PHASE...}; shift
+mkdir -p "$out"
+py=${PYTHON:-python3}
+site=/tmp/polyforge-site
+[ -d "$site" ] || "$py" -m pip install -q --no-index --no-deps --target "$site" .whl/*.whl
+export PYTHONPATH="$site:$PWD"
+# the machine's own cmake and ninja: no PyPI there
+export POLYFORGE_CMAKE=${POLYFORGE_CMAKE:-$(command -v cmake)} POLYFORGE_NINJA=${POLYFORGE_NINJA:-$(command -v ninja)}
+pf() { "$py" -m polyforge "$@"; }
+key_file=build/gpu-check.key
+model_886m="random:n_layer=16,n_embd=2048,n_head=16,n_head_kv=8,n_ff=5632,n_vocab=32000,n_ctx=140000"
+ops() { "build/$(cat $key_file)/bin/test-backend-ops" "$@"; }
+summary() { echo "$1: $(grep -E '[0-9]+/[0-9]+ tests passed' "$2" | tail -1) (exit $3)" | tee -a "$out/summary.txt"; }
+
+for phase in "$@"; do
+  start=$(date +%s)
+  case $phase in
+    build)
+      pf vendor fetch --source .whl/llama.tar.xz --force > "$out/build.log" 2>&1 &&
+        pf apply >> "$out/build.log" 2>&1 &&
+        pf build --cuda --arch 90 --target test-backend-ops --target llama-bench --target llama-batched-bench \
+          --json > "$out/build.json" 2>> "$out/build.log"
+      rc=$?
+      "$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$out/build.json" > $key_file 2>/dev/null
+      echo "build: exit $rc, key $(cat $key_file 2>/dev/null), $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
+    ops-turbo)  # the chain's types: set-rows, copies, and FA with every turbo pair it builds
+      for op in SET_ROWS CPY GET_ROWS; do
+        ops -o $op -b CUDA0 -p turbo > "$out/ops-$op.log" 2>&1; summary "$op turbo" "$out/ops-$op.log" $?
+      done
+      ops -o FLASH_ATTN_EXT -b CUDA0 -p turbo > "$out/ops-fa-turbo.log" 2>&1
+      summary "FLASH_ATTN_EXT turbo" "$out/ops-fa-turbo.log" $? ;;
+    ops-fa)
+      ops -o FLASH_ATTN_EXT -b CUDA0 > "$out/ops-fa.log" 2>&1; summary "FLASH_ATTN_EXT all" "$out/ops-fa.log" $? ;;
+    bench)  # the 886M hd128 shape of shared/measurements.md: decode at depth 0, 32k, 128k
+      pf bench --build "$(cat $key_file)" -m "$model_886m" \
+        --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 64 -r 2 \
+        --bandwidth 4800 --out "$out/bench" > "$out/bench.log" 2>&1
+      echo "bench: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
+    agents)  # B agents sharing a 32k or 128k prefix (the pool's case), same model
+      pf bench --build "$(cat $key_file)" -m "$model_886m" --agents 1,4,8,16,32 --prefix 32768,131072 \
+        --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -n 64 --out "$out/agents" > "$out/agents.log" 2>&1
+      echo "agents: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
+    *) echo "unknown phase $phase" >&2; exit 2 ;;
+  esac
+done
