@@ -73,14 +73,6 @@ SHARED = ("-pps", "-kvu")  # one prefix, copied into every sequence of one unifi
 DRAIN_PP = 1  # a last prompt length, run after P so that P's lines are printed before the tool exits
 
 
-def int_list(text: str, option: str) -> list[int]:
-    """A comma-separated list of whole numbers from the command line."""
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise BadInput(f"{option} {text}: not a comma-separated list of whole numbers") from None
-
-
 @dataclass(frozen=True)
 class AgentsSpec:
     kv: tuple[str, ...]

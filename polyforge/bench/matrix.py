@@ -81,6 +81,14 @@ def check_flag_sets(sets: list[str] | None) -> tuple[str, ...]:
     return tuple(sets or [""])
 
 
+def int_list(text: str, option: str) -> list[int]:
+    """A comma-separated list of whole numbers from the command line."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"{option} {text}: not a comma-separated list of whole numbers") from None
+
+
 @dataclass(frozen=True)
 class BenchSpec:
     kv: tuple[str, ...]

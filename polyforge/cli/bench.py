@@ -52,17 +52,14 @@ def bench(
         for option, value in matrix_only.items():
             if value is not None:
                 raise BadInput(f"{option} is an option of the llama-bench matrix, not of --agents")
-        prefixes = agents_lib.int_list("32768" if prefix is None else prefix, "--prefix")
-        spec = agents_lib.AgentsSpec.make(kv, reference, agents_lib.int_list(agents, "--agents"), prefixes, n_gen,
+        prefixes = bench_lib.int_list("32768" if prefix is None else prefix, "--prefix")
+        spec = agents_lib.AgentsSpec.make(kv, reference, bench_lib.int_list(agents, "--agents"), prefixes, n_gen,
                                           separate, flags)
         run, render = pipeline.run_agents, agents_lib.markdown
     else:
         if prefix is not None or separate:
             raise BadInput("--prefix and --separate go with --agents")
-        try:
-            depths = [int(d) for d in ("0,512" if depth is None else depth).split(",") if d.strip()]
-        except ValueError:
-            raise typer.BadParameter("--depth takes integers, e.g. 0,512,2048") from None
+        depths = bench_lib.int_list("0,512" if depth is None else depth, "--depth")
         spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, n_prompt or 0, n_gen,
                                         3 if repetitions is None else repetitions, bandwidth)
         run, render = pipeline.run_bench, bench_lib.markdown

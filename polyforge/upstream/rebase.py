@@ -59,7 +59,7 @@ from polyforge.project import Project, cache_dir
 from polyforge.textfile import write_text_atomic
 from polyforge.upstream import review as review_lib
 from polyforge.upstream.pin import Pin, render_pin
-from polyforge.upstream.source import SourceKind, source_from_argument
+from polyforge.upstream.source import Git as GitSource, SourceKind, source_from_argument
 from polyforge.upstream.vendor import baseline_objects, store_baseline_objects
 from polyforge.upstream.vendored_tree import BASELINE_TAG, BRANCH, VendoredTree
 
@@ -130,16 +130,19 @@ def _remembered_path() -> Path:
     return cache_dir() / "rebase-sources.json"
 
 
+def _remembered() -> dict[str, str]:
+    """Source spelling -> tree id, for sources whose spelling always yields the same files."""
+    try:
+        return json.loads(_remembered_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def source_tree(source: SourceKind, log: Log = _quiet) -> str:
     """The tree id of a source's files, with its objects in the baseline cache."""
     key = source.spelling if source.immutable else None
-    remembered: dict = {}
     with FileLock(cache_dir() / "baselines.lock", "baseline cache", blocking=True):
-        try:
-            remembered = json.loads(_remembered_path().read_text())
-        except (OSError, ValueError):
-            remembered = {}
-    tree = remembered.get(key) if key else None
+        tree = _remembered().get(key) if key else None
     if tree and baseline_objects(tree) is not None:
         return tree
     log(f"fetching {source.spelling}")
@@ -153,13 +156,16 @@ def source_tree(source: SourceKind, log: Log = _quiet) -> str:
         shutil.rmtree(incoming, ignore_errors=True)
     if key:
         with FileLock(cache_dir() / "baselines.lock", "baseline cache", blocking=True):
-            try:
-                remembered = json.loads(_remembered_path().read_text())
-            except (OSError, ValueError):
-                remembered = {}
-            remembered[key] = tree
-            write_text_atomic(_remembered_path(), json.dumps(remembered, indent=2, sort_keys=True) + "\n")
+            write_text_atomic(_remembered_path(), json.dumps({**_remembered(), key: tree}, indent=2, sort_keys=True) + "\n")
     return tree
+
+
+def _new_tree_objects(tree: str) -> Path:
+    """The object store source_tree left the new tree in."""
+    objects = baseline_objects(tree)
+    if objects is None:
+        raise VerificationFailed(f"the baseline cache lost tree {tree[:12]}", hint="run the rebase again")
+    return objects
 
 
 def _work_root() -> Path:
@@ -223,23 +229,11 @@ def _merge(git: Git, trees: Trees, patch_label: str, upstream_label: str) -> tup
     return fields[0], sorted({f for f in fields[1:] if f})
 
 
-def _own_lines(git: Git, pre: str, post: str) -> dict[str, list[str]]:
-    """Per file, the lines a change adds (its own change's '+' side)."""
-    added: dict[str, list[str]] = {}
-    path = None
-    for line in git.run("diff-tree", "-p", "--no-renames", "-U0", "--no-color", pre, post, strip=False).splitlines():
-        if line.startswith("+++ "):
-            path = line[6:] if line.startswith("+++ b/") else None
-        elif line.startswith("+") and path is not None:
-            added.setdefault(path, []).append(line[1:])
-    return added
-
-
 def _already_upstream(git: Git, trees: Trees, new_post: str) -> int:
     """How many lines the patch adds on the old upstream that its replay no longer adds because
     the new tree has them already (a change partly made upstream)."""
-    old = _own_lines(git, trees.old_pre, trees.old_post)
-    new = _own_lines(git, trees.new_pre, new_post)
+    old = review_lib.added_lines(git, trees.old_pre, trees.old_post)
+    new = review_lib.added_lines(git, trees.new_pre, new_post)
     count = 0
     for path, lines in old.items():
         missing = list(lines)
@@ -302,8 +296,7 @@ def dry_run(chain: Chain, onto: str, *, release: str | None = None, log: Log = _
     patches = chain.patches()
     old = _old_trees(chain, patches)
     new_base = source_tree(source, log)
-    objects = baseline_objects(new_base)
-    assert objects is not None
+    objects = _new_tree_objects(new_base)
     outcomes: list[Outcome] = []
     skipped: list[str] = []  # conflicting patches the forecast goes on without
     with _work_repo(chain.tree.path / ".git" / "objects", objects) as git:
@@ -391,8 +384,8 @@ def start(chain: Chain, onto: str, *, release: str, commit: str | None = None, l
     if new_base == old[0]:
         raise BadInput(f"{source.spelling} is the pinned tree already ({new_base[:12]})")
     pin_entry = source.pin_entry()
-    if source.kind == "git" and commit is None and re.fullmatch(r"[0-9a-f]{40}", getattr(source, "rev", "")):
-        commit = getattr(source, "rev")
+    if isinstance(source, GitSource) and commit is None and source.immutable:
+        commit = source.rev  # a full commit id
     state = {"onto": source.spelling, "release": release, "commit": commit, "pin_entry": pin_entry,
              "old_trees": old, "new_base": new_base, "patches": [p.name for p in patches],
              "outcomes": [], "started": time.strftime("%Y-%m-%d"), "merged": None}
@@ -406,7 +399,7 @@ def start(chain: Chain, onto: str, *, release: str, commit: str | None = None, l
     incoming = project.vendor_dir / f".rebase-incoming-{int(time.time() * 1000)}"
     incoming.mkdir()
     fresh = VendoredTree.initialise(incoming)
-    _borrow(incoming / ".git", baseline_objects(new_base) or Path("/nonexistent"),
+    _borrow(incoming / ".git", _new_tree_objects(new_base),
             previous / "llama.cpp" / ".git" / "objects")
     base_commit = fresh.git.commit_tree(new_base, f"llama.cpp {release} from {source.spelling}")
     fresh.git.run("update-ref", BRANCH, base_commit)

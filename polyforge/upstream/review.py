@@ -162,6 +162,13 @@ def _tree_diff(repo: Git, old: str, new: str, paths: list[str], context: int = 3
     return _parse(repo.run("diff-tree", "-r", *options, old, new, "--", *paths, env=_LITERAL, strip=False))
 
 
+def added_lines(repo: Git, pre: str, post: str) -> dict[str, list[str]]:
+    """Per file, the lines a change from tree `pre` to tree `post` adds (its own change's '+' side)."""
+    paths = [path for _, path in repo.diff_names(pre, post)]
+    return {path: [line[1:] for hunk in diff.hunks for line in hunk.lines if line[:1] == "+"]
+            for path, diff in _tree_diff(repo, pre, post, paths).items()}
+
+
 def _files_in(repo: Git, tree: str, paths: list[str]) -> set[str]:
     if not paths:
         return set()

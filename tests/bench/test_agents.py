@@ -9,7 +9,7 @@ import pytest
 import buildkit
 from buildkit import FAKE_BATCHED_BENCH, fake_build, run_pf, write_script
 from conftest import ROOT, assert_clean_error, run_cli
-from polyforge.bench import agents
+from polyforge.bench import agents, matrix
 from polyforge.errors import BadInput, VerificationFailed
 
 real_build = buildkit.real_build  # the session fixture (test_real_agents)
@@ -48,9 +48,9 @@ def test_spec_validation(kw, fragment):
 
 
 def test_int_list():
-    assert agents.int_list("1, 4,8,", "--agents") == [1, 4, 8]
+    assert matrix.int_list("1, 4,8,", "--agents") == [1, 4, 8]
     with pytest.raises(BadInput, match="--agents 1,x: not a comma-separated list of whole numbers"):
-        agents.int_list("1,x", "--agents")
+        matrix.int_list("1,x", "--agents")
 
 
 def test_spec_sorts_and_adds_the_reference():
