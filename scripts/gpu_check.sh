@@ -4,7 +4,10 @@
 # What travels in .whl/ (gitignored): llama.tar.xz from `polyforge vendor pack .whl/llama.tar.xz`,
 # and gitpython, gitdb and smmap wheels (`pip download --no-deps --only-binary=:all: -d .whl ...`).
 #
-#   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | agents
+#   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | pp | agents
+#
+# agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072) and TAG (a suffix of its
+# output folder), so that one scenario can be repeated under other settings.
 #
 # Each phase writes its log and a one-line summary under OUT; a failing step stops the phase.
 set -u
@@ -46,10 +49,17 @@ for phase in "$@"; do
         --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 64 -r 2 \
         --bandwidth 4800 --out "$out/bench" > "$out/bench.log" 2>&1
       echo "bench: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
+    pp)  # prompt processing at depth 32k, same model
+      pf bench --build "$(cat $key_file)" -m "$model_886m" \
+        --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 32768 --flags '-fa 1 -ngl 99' -p 512 -n 0 -r 2 \
+        --out "$out/pp" > "$out/pp.log" 2>&1
+      echo "pp: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     agents)  # B agents sharing a 32k or 128k prefix (the pool's case), same model
-      pf bench --build "$(cat $key_file)" -m "$model_886m" --agents 1,4,8,16,32 --prefix 32768,131072 \
-        --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -n 64 --out "$out/agents" > "$out/agents.log" 2>&1
-      echo "agents: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
+      tag=agents${TAG:-}
+      pf bench --build "$(cat $key_file)" -m "$model_886m" --agents "${AGENTS:-1,4,8,16,32}" \
+        --prefix "${PREFIX:-32768,131072}" --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -n 64 \
+        --out "$out/$tag" > "$out/$tag.log" 2>&1
+      echo "$tag: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
