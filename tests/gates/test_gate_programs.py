@@ -66,7 +66,7 @@ def test_gate_argv_paths_exist():
 
 
 @pytest.mark.parametrize("program", ["mtp/gate_mtp.py", "shared_pool/gate_shared_pool.py", "mtp/gguf_rewrite.py",
-                                     "mtp/pad_mtp_target.py", "mtp/check_mtp_fixture.py"])
+                                     "mtp/pad_mtp_target.py", "mtp/check_mtp_fixture.py", "needle/gate_needle.py"])
 def test_programs_run_as_files_from_anywhere(program, tmp_path):
     """As the runner starts them (python FILE, this interpreter): every import resolves, the
     package harness included, whatever the working folder."""
@@ -268,6 +268,75 @@ def test_shared_pool_verdict():
     failed = gate.verdict({"P": 1018}, {"a": True, "exception": False})
     assert failed["ok"] is False and failed["metrics"] == {"P": 1018, "checks": {"a": True, "exception": False}}
     assert gate.verdict({}, {})["ok"] is False  # no check ran: never ok
+
+
+# -- needles in a haystack ----------------------------------------------------------------------
+def test_needles_are_distinct_and_reproducible():
+    gate = gate_program("needle", "gate_needle")
+    needles = gate.make_needles(8, seed=18)
+    assert needles == gate.make_needles(8, seed=18) != gate.make_needles(8, seed=19)
+    assert len({n for n, _ in needles}) == 8 and len({c for _, c in needles}) == 8
+    assert all(len(code) == 5 and code.isdigit() for _, code in needles)
+    with pytest.raises(SystemExit):
+        gate.make_needles(len(gate.NAMES) + 1, seed=0)
+
+
+def test_haystack_spreads_the_needles_in_order():
+    gate = gate_program("needle", "gate_needle")
+    needles = [("A", "11111"), ("B", "22222"), ("C", "33333")]
+    paragraphs = [f"paragraph {i} " * 5 for i in range(4)]
+    parts = gate.make_haystack(paragraphs, needles, 40).split("\n\n")
+    assert len(parts) == 43
+    where = [parts.index(f"The access code of {n} is {c}.") for n, c in needles]
+    assert where == sorted(where) and where[0] > 5 and where[-1] < 38  # spread, none at an end
+
+
+NEEDLE_SERVER = """\
+import http.server, json, re, sys
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+cache_k = args[args.index("-ctk") + 1]
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def send(self, body):
+        body = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self.send({"status": "ok"})
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            self.send({"tokens": list(range(len(req["content"])))})
+            return
+        # a perfect retriever with f16 K, a wrong one otherwise
+        name = re.search(r"The access code of (\\w+) is$", req["prompt"]).group(1)
+        code = re.search(r"The access code of " + name + r" is (\\d+)\\.", req["prompt"]).group(1)
+        answer = code if cache_k == "f16" else "12345"
+        self.send({"content": " " + answer + ".", "timings": {"prompt_ms": 1500.0}})
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_needle_check_counts_retrievals_per_configuration(tmp_path):
+    gate = gate_program("needle", "gate_needle")
+    server = tmp_path / "llama-server"
+    server.write_text(f"#!{sys.executable}\n{NEEDLE_SERVER}")
+    server.chmod(0o755)
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(f"Paragraph {i} says something long enough to count." for i in range(30)))
+    args = gate.parse_args(["--server", str(server), "--model", "m.gguf", "--text", str(text), "--tokens", "3000",
+                            "--kv", "f16/f16", "--kv", "turbo3/turbo3", "--needles", "5", "--health-timeout", "10"])
+    result = gate.check(args)
+    assert result["ok"] is True and result["needles"] == 5
+    assert 2000 < result["tokens"] <= 3000 - 16
+    assert result["f16/f16"]["found"] == 5 and result["f16/f16"]["missed"] == []
+    assert result["turbo3/turbo3"]["found"] == 0 and len(result["turbo3/turbo3"]["missed"]) == 5
+    assert result["f16/f16"]["prefill_s"] == 1.5
 
 
 # -- the llama-server harness, against a fake server --------------------------------------------
