@@ -56,6 +56,8 @@ import time
 
 import numpy as np
 
+from polyforge.models.gguf import read_tensors
+
 F32 = np.float32
 
 # ---------------------------------------------------------------------------------------------------
@@ -590,59 +592,6 @@ def stats(args):
 # transform q.k = (q*s).(k/s) (pair-shared s commutes with RoPE). A copy of the GGUF with those f32 weights
 # rescaled can be run through llama-perplexity with turbo K to get a real KLD without touching llama.cpp.
 
-_GGUF_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8",
-                11: "<i8", 12: "<f8"}
-
-
-def _gguf_tensors(path):
-    """minimal GGUF (v2/v3) reader: {name: (ggml_type, dims, absolute byte offset)}"""
-    with open(path, "rb") as f:
-        buf = f.read(64 << 20)                                  # header + metadata are far smaller
-    pos = 0
-
-    def rd(fmt):
-        nonlocal pos
-        v = np.frombuffer(buf, dtype=fmt, count=1, offset=pos)[0]
-        pos += np.dtype(fmt).itemsize
-        return v
-
-    def rd_str():
-        nonlocal pos
-        n = int(rd("<u8"))
-        v = buf[pos:pos + n].decode("utf-8", "replace")
-        pos += n
-        return v
-
-    def rd_val(t):
-        if t == 8:
-            return rd_str()
-        if t == 9:
-            at, n = int(rd("<u4")), int(rd("<u8"))
-            return [rd_val(at) for _ in range(n)]
-        return rd(_GGUF_SCALAR[t])
-
-    if buf[:4] != b"GGUF":
-        raise SystemExit(f"{path}: not a GGUF file")
-    pos = 4
-    version = int(rd("<u4"))
-    if version < 2:
-        raise SystemExit(f"{path}: GGUF v{version} not supported")
-    n_tensors, n_kv = int(rd("<u8")), int(rd("<u8"))
-    align = 32
-    for _ in range(n_kv):
-        key = rd_str()
-        val = rd_val(int(rd("<u4")))
-        if key == "general.alignment":
-            align = int(val)
-    infos = {}
-    for _ in range(n_tensors):
-        name = rd_str()
-        nd = int(rd("<u4"))
-        dims = [int(rd("<u8")) for _ in range(nd)]
-        infos[name] = (int(rd("<u4")), dims, int(rd("<u8")))
-    data0 = (pos + align - 1) // align * align
-    return {n: (t, dims, data0 + off) for n, (t, dims, off) in infos.items()}
-
 
 def write_scaled_gguf(args):
     import shutil
@@ -654,7 +603,7 @@ def write_scaled_gguf(args):
     src, dst = args.scaled_gguf
     cfg = parse_config("turbo3:scale=" + args.gguf_scale + ",calib=" + str(args.gguf_calib)
                        + (",nobos" if args.gguf_nobos else ""))
-    tens = _gguf_tensors(src)
+    tens = read_tensors(src)
     shutil.copyfile(src, dst)
     with open(dst, "r+b") as f:
         for il in range(n_layer):

@@ -1,5 +1,5 @@
-"""The key/value metadata of a GGUF file (its header), without the tensors: enough for the shape
-facts that polyforge needs (layers, heads, head sizes) and without a dependency on gguf-py.
+"""A GGUF file's header without a dependency on gguf-py: its key/value metadata (the shape facts
+polyforge needs: layers, heads, head sizes) and where each tensor's data lies.
 
 Arrays are read as lists up to MAX_ARRAY elements (per-layer values); longer ones (the tokenizer's)
 are skipped and recorded as their length.
@@ -59,8 +59,9 @@ class _Reader:
             self.value(vtype)
 
 
-def read_metadata(path: Path) -> dict:
-    """The file's metadata keys and values; a clear error for a file that is not GGUF."""
+def _read_header(path: Path, with_tensors: bool) -> tuple[dict, dict]:
+    """(metadata, tensors): tensors maps a name to (ggml type, dims, absolute byte offset), empty
+    unless with_tensors; a clear error for a file that is not GGUF."""
     path = Path(path)
     try:
         with path.open("rb") as f:
@@ -70,12 +71,31 @@ def read_metadata(path: Path) -> dict:
             version = r.take("<I")
             if version < 2:
                 raise BadInput(f"{path}: GGUF version {version} is not supported")
-            r.take("<Q")  # tensor count
+            n_tensors = r.take("<Q")
             n_kv = r.take("<Q")
             meta = {}
             for _ in range(n_kv):
                 key = r.string()
                 meta[key] = r.value(r.take("<I"))
-            return meta
+            if not with_tensors:
+                return meta, {}
+            infos = {}
+            for _ in range(n_tensors):
+                name = r.string()
+                dims = [r.take("<Q") for _ in range(r.take("<I"))]
+                infos[name] = (r.take("<I"), dims, r.take("<Q"))
+            align = int(meta.get("general.alignment", 32))
+            data_start = -(-f.tell() // align) * align
+            return meta, {name: (t, dims, data_start + off) for name, (t, dims, off) in infos.items()}
     except OSError as exc:
         raise BadInput(f"{path}: {exc.strerror or exc}") from None
+
+
+def read_metadata(path: Path) -> dict:
+    """The file's metadata keys and values; a clear error for a file that is not GGUF."""
+    return _read_header(path, with_tensors=False)[0]
+
+
+def read_tensors(path: Path) -> dict[str, tuple[int, list[int], int]]:
+    """Each tensor's (ggml type, dims, absolute byte offset of its data in the file)."""
+    return _read_header(path, with_tensors=True)[1]
