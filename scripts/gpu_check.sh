@@ -5,9 +5,14 @@
 # and gitpython, gitdb and smmap wheels (`pip download --no-deps --only-binary=:all: -d .whl ...`).
 #
 #   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | pp | agents
+#                                                | kld | kscale | ops-hadamard
 #
 # agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072) and TAG (a suffix of its
 # output folder), so that one scenario can be repeated under other settings.
+#
+# kld reads KLD_MODELS (GGUF paths, space-separated): the turbo-kld protocol (ctx 1024, 12 chunks of
+# the gate text, KLD to f16 K/V) on CUDA and on the CPU, and turbo3 without the key scale.
+# kscale: decode of every turbo pair with and without the key scale (LLAMA_ATTN_K_SCALE_DISABLE=1).
 #
 # Each phase writes its log and a one-line summary under OUT; a failing step stops the phase.
 set -u
@@ -32,6 +37,7 @@ for phase in "$@"; do
       pf vendor fetch --source .whl/llama.tar.xz --force > "$out/build.log" 2>&1 &&
         pf apply >> "$out/build.log" 2>&1 &&
         pf build --cuda --arch 90 --target test-backend-ops --target llama-bench --target llama-batched-bench \
+          --target llama-perplexity \
           --json > "$out/build.json" 2>> "$out/build.log"
       rc=$?
       "$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$out/build.json" > $key_file 2>/dev/null
@@ -60,6 +66,38 @@ for phase in "$@"; do
         --prefix "${PREFIX:-32768,131072}" --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -n 64 \
         --out "$out/$tag" > "$out/$tag.log" 2>&1
       echo "$tag: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
+    kld)
+      ppl() { "build/$(cat $key_file)/bin/llama-perplexity" -m "$1" -f gates/data/llama-docs.txt -c 1024 --chunks 12 -fa on "${@:2}"; }
+      for m in ${KLD_MODELS:?}; do
+        name=$(basename "$m" .gguf)
+        for dev in cuda cpu; do
+          [ $dev = cuda ] && ngl=99 || ngl=0
+          base="$out/kld-$name-$dev.base"
+          ppl "$m" -ngl $ngl --kl-divergence-base "$base" > "$out/kld-$name-$dev.log" 2>&1
+          for kv in q4_0/q4_0 q8_0/q4_0 q8_0/turbo4 q8_0/turbo3 turbo4/turbo4 turbo3/turbo3 turbo2/turbo2 turbo3/turbo3-noscale; do
+            k=${kv%%/*}; v=${kv#*/}; v=${v%-noscale}; env=(); [ "${kv%-noscale}" != "$kv" ] && env=(LLAMA_ATTN_K_SCALE_DISABLE=1)
+            env "${env[@]}" "build/$(cat $key_file)/bin/llama-perplexity" -m "$m" -f gates/data/llama-docs.txt -c 1024 --chunks 12 -fa on \
+              -ngl $ngl -ctk $k -ctv $v --kl-divergence-base "$base" --kl-divergence >> "$out/kld-$name-$dev.log" 2>&1
+            echo "kld $name $dev $kv: $(grep -E 'Mean +KLD' "$out/kld-$name-$dev.log" | tail -1 | awk '{print $3}') top1 $(grep 'Same top p' "$out/kld-$name-$dev.log" | tail -1 | awk '{print $4}')" | tee -a "$out/summary.txt"
+          done
+          rm -f "$base"
+        done
+      done ;;
+    kscale)  # same model as bench; today's build is the same binary with the scale turned off
+      # KSCALE_DEPTHS (default 0,32768,131072), KSCALE_ROUNDS (default 1): on and off alternate
+      for round in $(seq 1 "${KSCALE_ROUNDS:-1}"); do
+        for scale in on off; do
+          [ $scale = off ] && export LLAMA_ATTN_K_SCALE_DISABLE=1 || unset LLAMA_ATTN_K_SCALE_DISABLE
+          pf bench --build "$(cat $key_file)" -m "$model_886m" \
+            --kv turbo3/turbo3,turbo4/turbo4,turbo2/turbo2,q8_0/turbo3,q8_0/turbo4 -d "${KSCALE_DEPTHS:-0,32768,131072}" \
+            --flags '-fa 1 -ngl 99' -n 128 -r 3 --out "$out/kscale-$scale-$round" > "$out/kscale-$scale-$round.log" 2>&1
+          echo "kscale $scale round $round: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+        done
+      done
+      unset LLAMA_ATTN_K_SCALE_DISABLE ;;
+    ops-hadamard)  # the FWHT mul_mat hints, plain and scaled (0081's per-KV-head rotation)
+      ops -o MUL_MAT_HADAMARD,MUL_MAT_SCALED_HADAMARD -b CUDA0 > "$out/ops-hadamard.log" 2>&1
+      summary "MUL_MAT HADAMARD" "$out/ops-hadamard.log" $? ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done

