@@ -5,7 +5,10 @@ Reads the per-layer post-RoPE Q/K, pre-RoPE K and V dumped by scripts/kv_dump.cp
 comment at the top of that file), re-implements in numpy the K-cache path of the patched llama.cpp
 (Walsh-Hadamard rotation of K and Q, then turbo2/3/4 / q4_0 / q8_0 / f16 storage of K) and measures, for
 causal (sliding-window where the model uses it) attention with the real queries and the model's scaling
-(Gemma 3: Q * 1/sqrt(head_dim), kq_scale 1), how much each key configuration disturbs attention:
+(Gemma 3: Q * 1/sqrt(head_dim), kq_scale 1; llama: kq_scale 1/sqrt(head_dim), GQA groups of n_head/n_head_kv
+query heads), how much each key configuration disturbs attention. The RoPE pairing (NORM: channels (2i, 2i+1),
+llama arch; NEOX: (i, i + d/2), Gemma), the RoPE base and the sliding window come from the dump's meta.txt
+(older dumps without them: Gemma 3 270M's values); the command line overrides them.
 
   kl      mean KL(p_ref || p_quant) of the attention distribution, nats, averaged over heads and queries
   out     relative error of the attention output sum_j p_ij v_j (V kept exact): sqrt(sum|do|^2 / sum|o|^2)
@@ -14,7 +17,7 @@ causal (sliding-window where the model uses it) attention with the real queries 
 Only K (and the matching Q transform) changes; V stays exact. The reference is f32 attention.
 
 Key transforms (all exact in exact arithmetic, q.k = (q*s).(k/s)):
-  scale=<kind>  per-RoPE-pair channel scale s (channel c and c+head_dim/2 share s: NEOX RoPE pairs),
+  scale=<kind>  per-RoPE-pair channel scale s (both channels of a RoPE pair share s),
                 calibrated per layer and KV head on the first N tokens of each context (chunk):
                   max     s = max_t |k_pair|                 (pair norm, RoPE invariant)
                   rms     s = rms_t |k_pair| / sqrt(2)
@@ -28,6 +31,12 @@ Key transforms (all exact in exact arithmetic, q.k = (q*s).(k/s)):
   nobos         calibrate without the BOS token (position 0)
   mean          remove the per-channel mean mu of the pre-RoPE key (calibrated like the scale), store
                 rope(k - mu) and add q . rope(mu, pos) exactly (it is a deterministic function of pos)
+  pmean         remove the per-channel mean mu of the post-RoPE key (calibrated like the scale): store k - mu;
+                q . mu is the same for all keys of a query, so softmax ignores it (added back only for the
+                logit-error metric)
+  whiten        full-matrix key transform A after RoPE (k -> A k, q -> A^-T q, exact), A = P^1/2 with
+                P = Sk^-1 # Sq (matrix geometric mean of the calibration second moments; after mean/pmean):
+                the best linear transform for an isotropic quantizer. wreg=r: ridge (default 1e-3)
   sink=n        keep the keys of the first n positions exact (f16) instead of quantized
   rot=n         Hadamard block size (llama.cpp uses n_rot_k = 256 for head_dim 256); 0 = none
   signs         random +-1 signs before the Hadamard rotation (a randomized Hadamard transform)
@@ -38,6 +47,8 @@ Usage examples:
   python scripts/key_quant_study.py --dump /tmp/keystudy/dump --check-rope
   python scripts/key_quant_study.py --dump /tmp/keystudy/dump --suite main --json /tmp/keystudy/main.json
   python scripts/key_quant_study.py --dump /tmp/keystudy/dump --config turbo3:scale=smooth,calib=64 --config q4_0
+  python scripts/key_quant_study.py --dump /tmp/smolstudy/dump --config turbo3:whiten,calib=512,pmean,nobos,sink=1
+  python scripts/key_quant_study.py --dump /tmp/smolstudy/dump --stats     # rate-distortion statistics per layer
   python scripts/key_quant_study.py --from-json /tmp/keystudy/main.json --per-layer "q4_0;turbo3"
   # end-to-end check of a static scale (Gemma: folded into q_norm/k_norm), then llama-perplexity on OUT:
   python scripts/key_quant_study.py --scaled-gguf ~/.cache/polyforge/models/gemma-3-270m-q4_k_m.gguf OUT.gguf
@@ -167,7 +178,13 @@ def rotate(x, n, signs=None):
 
 
 # ---------------------------------------------------------------------------------------------------
-# model specifics (Gemma 3 270M, read from the llama.cpp log: n_swa 512, pattern 6, rope bases 1e4/1e6)
+# model specifics. From the dump's meta.txt where kv_dump wrote them (arch, rope_type, rope_freq_base,
+# n_swa); older dumps (Gemma 3 270M) lack them, so the defaults are Gemma 3 270M's, read from the llama.cpp
+# log: NEOX RoPE, n_swa 512, pattern 6, rope bases 1e4 (SWA) / 1e6. Command-line values override both.
+
+GEMMA3 = {"swa_pattern": 6, "n_swa": 512, "rope_base": 1e6, "rope_base_swa": 1e4, "rope_type": "neox"}
+ROPE_TYPES = {0: "norm", 2: "neox"}
+
 
 class Model:
     def __init__(self, meta, args):
@@ -176,10 +193,33 @@ class Model:
         self.n_head_kv = int(meta["n_head_kv"])
         self.n_ctx = int(meta["n_ctx"])
         self.n_chunks = int(meta["n_chunks"])
-        self.swa_pattern = args.swa_pattern
-        self.n_swa = args.n_swa
-        self.base_swa = args.rope_base_swa
-        self.base_full = args.rope_base
+        self.arch = meta.get("arch", "gemma3")
+        gemma = self.arch.startswith("gemma")
+
+        def pick(name, from_meta):
+            v = getattr(args, name, None)
+            if v is not None:
+                return v
+            if from_meta is not None:
+                return from_meta
+            return GEMMA3[name]
+
+        n_swa_meta = int(meta["n_swa"]) if "n_swa" in meta else None
+        self.n_swa = pick("n_swa", n_swa_meta)
+        # the SWA layer pattern is not in the public API: Gemma 3's where the model has a window, else none
+        self.swa_pattern = pick("swa_pattern", None if (gemma or n_swa_meta is None) else 0)
+        if not self.n_swa:
+            self.swa_pattern = 0
+        self.base_full = pick("rope_base", float(meta["rope_freq_base"]) if "rope_freq_base" in meta else None)
+        base_swa_meta = float(meta["rope_freq_base_swa"]) if float(meta.get("rope_freq_base_swa", 0)) > 0 else None
+        if base_swa_meta is None and "rope_freq_base" in meta and not gemma:
+            base_swa_meta = self.base_full
+        self.base_swa = pick("rope_base_swa", base_swa_meta)
+        rt = ROPE_TYPES.get(int(meta["rope_type"])) if "rope_type" in meta else None
+        if "rope_type" in meta and rt is None:
+            raise SystemExit(f"rope_type {meta['rope_type']} of the dump is neither NORM (0) nor NEOX (2)")
+        self.pairing = pick("rope_type", rt)
+        self.freq_scale = float(meta.get("rope_freq_scale", 1.0))
         self.full_window = args.full_window
 
     def is_swa(self, il):
@@ -192,19 +232,50 @@ class Model:
         return self.base_swa if self.is_swa(il) else self.base_full
 
 
-def rope_neox(x, pos, base):
-    """NEOX RoPE (llama.cpp rope type 2) on the last axis: pairs (i, i + d/2), theta = pos * base^(-2i/d)."""
+def rope_pairs(x, pos, base, pairing):
+    """llama.cpp RoPE on the last axis, theta_i = pos * base^(-2i/d), rotating channel pairs (i, i + d/2)
+    (NEOX, rope type 2, Gemma) or (2i, 2i + 1) (NORM, rope type 0, llama arch)."""
     d = x.shape[-1]
     half = d // 2
     inv = base ** (-np.arange(half, dtype=np.float64) * 2.0 / d)
     ang = pos[:, None].astype(np.float64) * inv[None, :]
-    c = np.cos(ang).astype(F32)
-    s = np.sin(ang).astype(F32)
     shp = (len(pos),) + (1,) * (x.ndim - 2) + (half,)
-    c = c.reshape(shp)
-    s = s.reshape(shp)
-    x0, x1 = x[..., :half], x[..., half:]
-    return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).astype(F32)
+    c = np.cos(ang).astype(F32).reshape(shp)
+    s = np.sin(ang).astype(F32).reshape(shp)
+    x0, x1 = pair_split(x, pairing)
+    r0, r1 = x0 * c - x1 * s, x0 * s + x1 * c
+    if pairing == "norm":
+        out = np.empty(np.broadcast_shapes(x.shape), dtype=F32)
+        out[..., 0::2], out[..., 1::2] = r0, r1
+        return out
+    return np.concatenate([r0, r1], axis=-1).astype(F32)
+
+
+def rope_neox(x, pos, base):
+    return rope_pairs(x, pos, base, "neox")
+
+
+def rope_norm(x, pos, base):
+    return rope_pairs(x, pos, base, "norm")
+
+
+def rope(x, pos, base, pairing="neox", freq_scale=1.0):
+    """RoPE of the model's type; freq_scale multiplies the positions (linear scaling, 1 = none)."""
+    p = pos * freq_scale if freq_scale != 1.0 else pos
+    return rope_norm(x, p, base) if pairing == "norm" else rope_neox(x, p, base)
+
+
+def pair_split(x, pairing="neox"):
+    """the two channels of every RoPE pair: ([..., d/2], [..., d/2])"""
+    if pairing == "norm":
+        return x[..., 0::2], x[..., 1::2]
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+
+
+def pair_full(s, pairing="neox"):
+    """a per-pair vector [d/2] spread to the d channels (both channels of a pair get the value)"""
+    return np.repeat(s, 2) if pairing == "norm" else np.concatenate([s, s])
 
 
 def read_meta(dump):
@@ -228,7 +299,8 @@ def parse_config(text):
     """'turbo3:scale=smooth,calib=64,mean,sink=1' -> dict"""
     qtype, _, opts = text.partition(":")
     cfg = {"name": text, "qtype": qtype, "scale": "none", "calib": 64, "nobos": False, "mean": False,
-           "sink": 0, "rot": None, "signs": False, "ls": False, "qquant": None, "alpha": 0.5}
+           "sink": 0, "rot": None, "signs": False, "ls": False, "qquant": None, "alpha": 0.5,
+           "pmean": False, "whiten": False, "wreg": 1e-3}
     if qtype not in BITS_PER_VALUE:
         raise SystemExit(f"unknown key type {qtype!r} in {text!r}")
     for o in filter(None, opts.split(",")):
@@ -241,17 +313,56 @@ def parse_config(text):
             cfg["sink"] = int(v)
         elif k == "rot":
             cfg["rot"] = int(v)
-        elif k in ("nobos", "mean", "signs", "ls"):
+        elif k in ("nobos", "mean", "signs", "ls", "pmean", "whiten"):
             cfg[k] = True
         elif k == "alpha":
             cfg["alpha"] = float(v)
+        elif k == "wreg":
+            cfg["wreg"] = float(v)
         elif k == "qquant":
             cfg["qquant"] = v
         else:
             raise SystemExit(f"unknown option {o!r} in {text!r}")
     if cfg["scale"] not in ("none", "max", "rms", "sqrtrms", "smooth", "head"):
         raise SystemExit(f"unknown scale {cfg['scale']!r}")
+    if cfg["mean"] and cfg["pmean"]:
+        raise SystemExit(f"mean and pmean exclude each other in {text!r}")
+    if cfg["whiten"] and cfg["scale"] != "none":
+        raise SystemExit(f"whiten replaces the pair scale in {text!r}")
     return cfg
+
+
+def _sqrtm_psd(m):
+    w, u = np.linalg.eigh((m + m.T) / 2)
+    return (u * np.sqrt(np.maximum(w, 0))) @ u.T
+
+
+def whiten_matrix(k_c, q_c, reg=1e-3):
+    """the full-matrix key transform A (k -> A k, q -> A^-T q, applied after RoPE, so exact) that minimizes
+    tr(A^-T Sq A^-1) * tr(A Sk A^T), i.e. the q-weighted error of a quantizer whose error is isotropic and
+    proportional to |A k|^2 (turbo after the Hadamard rotation). Sk, Sq: second moments of the calibration
+    keys [n, d] and queries [m, d]. A = P^1/2 with P = Sk^-1 # Sq (matrix geometric mean); the per-pair
+    smooth scale is this with P restricted to diagonal pairs. reg: ridge, relative to the mean eigenvalue."""
+    d = k_c.shape[-1]
+    sk = k_c.T.astype(np.float64) @ k_c.astype(np.float64) / len(k_c)
+    sq = q_c.T.astype(np.float64) @ q_c.astype(np.float64) / len(q_c)
+    sk += reg * np.trace(sk) / d * np.eye(d)
+    sq += reg * np.trace(sq) / d * np.eye(d)
+    r = _sqrtm_psd(sk)
+    ri = np.linalg.inv(r)
+    p = ri @ _sqrtm_psd(r @ sq @ r) @ ri
+    a = _sqrtm_psd(p)
+    a /= np.sqrt(np.trace(a @ a.T) / d)
+    return a.astype(F32), np.linalg.inv(a).astype(F32)
+
+
+def matrix_gain(sk, sq):
+    """(tr sqrt(Sk^1/2 Sq Sk^1/2))^2 / (tr Sk tr Sq): the factor by which the best full-matrix transform
+    lowers the q-weighted error of an isotropic quantizer (1 = no gain). Its per-pair analogue is
+    (sum_p sqrt(a_p b_p))^2 / (sum a sum b) with the pair energies a (queries) and b (keys)."""
+    r = _sqrtm_psd(sk)
+    w = np.linalg.eigvalsh(r @ sq @ r)
+    return float(np.sqrt(np.maximum(w, 0)).sum() ** 2 / (np.trace(sk) * np.trace(sq)))
 
 
 SUITES = {
@@ -284,11 +395,12 @@ SUITES = {
 
 # ---------------------------------------------------------------------------------------------------
 
-def pair_energy(x):
+def pair_energy(x, pairing="neox"):
     """mean over tokens (and heads) of the squared norm of each RoPE pair: [half]"""
     half = x.shape[-1] // 2
-    e = x[..., :half] ** 2 + x[..., half:] ** 2
-    return e.reshape(-1, half).astype(np.float64).mean(axis=0)
+    x0, x1 = pair_split(x, pairing)
+    e = x0.astype(np.float64) ** 2 + x1.astype(np.float64) ** 2
+    return e.reshape(-1, half).mean(axis=0)
 
 
 def calib_slice(cfg, n_tok):
@@ -298,7 +410,7 @@ def calib_slice(cfg, n_tok):
     return slice(start, end)
 
 
-def key_scale(cfg, k_post, q_post):
+def key_scale(cfg, k_post, q_post, pairing="neox"):
     """per-pair scale s [half] for one KV head, or None. k_post [T, d], q_post [T, g, d] (the group)."""
     kind = cfg["scale"]
     if kind == "none":
@@ -306,7 +418,8 @@ def key_scale(cfg, k_post, q_post):
     sl = calib_slice(cfg, k_post.shape[0])
     kc = k_post[sl]
     half = k_post.shape[-1] // 2
-    mag = np.sqrt(kc[:, :half].astype(np.float64) ** 2 + kc[:, half:].astype(np.float64) ** 2)
+    k0, k1 = pair_split(kc, pairing)
+    mag = np.sqrt(k0.astype(np.float64) ** 2 + k1.astype(np.float64) ** 2)
     rms_k = np.sqrt((mag ** 2).mean(axis=0) / 2.0)
     if kind == "max":
         s = mag.max(axis=0)
@@ -315,7 +428,7 @@ def key_scale(cfg, k_post, q_post):
     elif kind == "sqrtrms":
         s = np.sqrt(rms_k)
     elif kind == "smooth":
-        rms_q = np.sqrt(pair_energy(q_post[sl]) / 2.0)
+        rms_q = np.sqrt(pair_energy(q_post[sl], pairing) / 2.0)
         a = cfg["alpha"]
         s = rms_k ** a / np.maximum(rms_q, 1e-30) ** (1.0 - a)
     elif kind == "head":
@@ -328,7 +441,7 @@ def key_scale(cfg, k_post, q_post):
 class Attn:
     """Reference attention for one layer/chunk; evaluates key configurations against it."""
 
-    def __init__(self, q, k, v, kpre, window, scale, base):
+    def __init__(self, q, k, v, kpre, window, scale, base, pairing="neox", freq_scale=1.0):
         # q [T, H, d] (post-RoPE, unscaled), k/kpre/v [T, Hkv, d]
         self.T, self.H, self.d = q.shape
         self.Hkv = k.shape[1]
@@ -339,6 +452,8 @@ class Attn:
         self.kpre = kpre
         self.scale = F32(scale)
         self.base = base
+        self.pairing = pairing
+        self.freq_scale = freq_scale
         self.pos = np.arange(self.T)
         i = self.pos[:, None]
         j = self.pos[None, :]
@@ -376,15 +491,27 @@ class Attn:
             qg = self.q[:, hk * self.g:(hk + 1) * self.g, :]                       # [T, g, d]
             k = self.k[:, hk, :]
             extra = None
+            sl = calib_slice(cfg, self.T)
             if cfg["mean"]:
                 kp = self.kpre[:, hk, :]
-                mu = kp[calib_slice(cfg, self.T)].astype(np.float64).mean(axis=0).astype(F32)
-                k = rope_neox(kp - mu[None, :], self.pos, self.base)
-                kmu = rope_neox(np.broadcast_to(mu, kp.shape).copy(), self.pos, self.base)
+                mu = kp[sl].astype(np.float64).mean(axis=0).astype(F32)
+                k = rope(kp - mu[None, :], self.pos, self.base, self.pairing, self.freq_scale)
+                kmu = rope(np.broadcast_to(mu, kp.shape).copy(), self.pos, self.base, self.pairing, self.freq_scale)
                 extra = np.matmul(np.ascontiguousarray(qg.transpose(1, 0, 2)), kmu.T) * self.scale  # exact
-            s = key_scale(cfg, k, qg)
+            if cfg["pmean"]:
+                # post-RoPE mean: q . mu is the same for every key of a query, so softmax ignores it; it is
+                # added back here only so that the logit error stays comparable
+                mu = k[sl].astype(np.float64).mean(axis=0).astype(F32)
+                k = k - mu[None, :]
+                extra = np.broadcast_to((np.einsum("tgd,d->gt", qg, mu) * self.scale)[:, :, None],
+                                        (self.g, self.T, self.T))
+            if cfg["whiten"]:
+                a, ainv = whiten_matrix(k[sl], qg[sl].reshape(-1, self.d), cfg["wreg"])
+                k = k @ a.T
+                qg = qg @ ainv
+            s = key_scale(cfg, k, qg, self.pairing)
             if s is not None:
-                sf = np.concatenate([s, s])
+                sf = pair_full(s, self.pairing)
                 k = k / sf[None, :]
                 qg = qg * sf[None, None, :]
             signs = rng_signs if cfg["signs"] else None
@@ -453,7 +580,7 @@ def run_study(args, configs):
             kpre = load(args.dump, "kpre", il, ch, (T, Hkv, d))
             v = load(args.dump, "v", il, ch, (T, Hkv, d))
             att = Attn(q, k, v, kpre, model.window(il), args.attn_scale or 1.0 / math.sqrt(d),
-                       model.rope_base(il))
+                       model.rope_base(il), model.pairing, model.freq_scale)
             for c in configs:
                 r = att.evaluate(c, signs)
                 for key in acc[c["name"]]:
@@ -477,6 +604,7 @@ def run_study(args, configs):
             "out_mean": float(outs.mean()), "out_worst": float(outs.max()), "logit_mean": float(lgs.mean()),
         })
     return res, {"layers": layers, "chunks": chunks, "n_ctx": T, "head_dim": d, "n_head": H, "n_head_kv": Hkv,
+                 "arch": model.arch, "rope": model.pairing,
                  "windows": {il: model.window(il) for il in layers}, "rot_default": default_rot(d),
                  "seconds": time.time() - t0}
 
@@ -548,41 +676,117 @@ def check_rope(args):
     for il in range(model.n_layer):
         k = load(args.dump, "k", il, 0, (T, Hkv, d))
         kp = load(args.dump, "kpre", il, 0, (T, Hkv, d))
-        kr = rope_neox(kp, np.arange(T), model.rope_base(il))
+        kr = rope(kp, np.arange(T), model.rope_base(il), model.pairing, model.freq_scale)
         e = float(np.abs(kr - k).max() / np.abs(k).max())
         worst = max(worst, e)
-        print(f"layer {il:2d} base {model.rope_base(il):>9.0f}: max |rope(kpre) - k| / max|k| = {e:.2e}")
+        print(f"layer {il:2d} {model.pairing} base {model.rope_base(il):>9.0f}: max |rope(kpre) - k| / max|k| = {e:.2e}")
     print("rope check:", "OK" if worst < 1e-4 else "MISMATCH", f"(worst {worst:.2e})")
     return 0 if worst < 1e-4 else 1
 
 
+def rel_mse(x, qtype):
+    """sum |Q(x) - x|^2 / sum |x|^2 of a key quantizer on rows x (already rotated)"""
+    x = np.asarray(x, dtype=F32)
+    return float(np.sum((quantize(x, qtype).astype(np.float64) - x) ** 2) / np.sum(x.astype(np.float64) ** 2))
+
+
+def block_kurtosis(x):
+    """kurtosis of the values of 64-blocks normalized to unit RMS (what the turbo codebook sees; Gaussian: 3)"""
+    xb = np.asarray(x, dtype=np.float64).reshape(-1, QK_TURBO)
+    u = xb / np.sqrt(np.maximum((xb ** 2).mean(axis=1, keepdims=True), 1e-30))
+    return float((u ** 4).mean())
+
+
+def gaussian_reference(d, n=4096, seed=0):
+    g = np.random.default_rng(seed).standard_normal((n, d)).astype(F32)
+    return {t: rel_mse(g, t) for t in ("q4_0", "turbo4", "turbo3", "turbo2")}
+
+
 def stats(args):
-    """per-layer key statistics that explain the results"""
+    """per-layer key statistics that explain the results (all KV heads, all tokens of the chunks)"""
     meta = read_meta(args.dump)
-    T, H, Hkv = int(meta["n_ctx"]), int(meta["n_head"]), int(meta["n_head_kv"])
+    model = Model(meta, args)
+    T, H, Hkv = model.n_ctx, model.n_head, model.n_head_kv
+    g = H // Hkv
     d = os.path.getsize(os.path.join(args.dump, "k_0_c0.f32")) // 4 // (T * Hkv)
-    chunks = range(int(meta["n_chunks"])) if args.chunks is None else [int(c) for c in args.chunks.split(",")]
-    print("| layer | top-8 of 128 pairs: share of K energy | K pair-energy max/median | BOS |k| / median |k| | "
-          "pre-RoPE mean share of K energy | predicted logit-MSE ratio, smooth oracle |")
-    print("|---|---|---|---|---|---|")
-    for il in range(int(meta["n_layer"])):
-        ek, eq, bos, mshare = [], [], [], []
+    chunks = range(model.n_chunks) if args.chunks is None else [int(c) for c in args.chunks.split(",")]
+    layers = range(model.n_layer) if args.layers is None else [int(x) for x in args.layers.split(",")]
+    rot = default_rot(d)
+    pos = np.arange(T)
+    gref = gaussian_reference(d)
+    print(f"{model.arch}, {model.pairing} RoPE, head_dim {d}, {H}/{Hkv} heads, Hadamard {rot}. Relative MSE "
+          "sum|Q(x)-x|^2/sum|x|^2 on i.i.d. Gaussian rows: "
+          + ", ".join(f"{t} {v:.4f}" for t, v in gref.items()) + "\n")
+    print("Columns: pair-energy share of the top 4 pairs (keys), max/median pair energy; |k| of position 0 / "
+          "median |k|; attention mass on position 0 (mean over queries and heads); per-channel mean's share of "
+          "E|k|^2 pre- and post-RoPE; gain factors (1 = none, smaller is better) of the best per-pair scale "
+          "G_pair = (sum_p sqrt(a_p b_p))^2/(sum a sum b) and of the best full matrix G_mat, on raw and "
+          "post-RoPE-centered keys; kurtosis of the rotated, block-normalized key values (Gaussian 3); "
+          "relative MSE of q4_0 / turbo4 / turbo3 on the real rotated keys (raw, and turbo3 centered). "
+          "Total gains of post-RoPE centering + pair scale / + matrix, relative to raw keys: (1 - post share) "
+          "x G_centered. pred t3/q4: the turbo3 / q4_0 q-weighted error ratio these imply for centering + "
+          "matrix (MSE turbo3 / MSE q4_0 x that gain); 1 is the goal.\n")
+    print("| layer | top-4 pairs share | max/med | pos0 norm ratio | attn on pos0 | mean share pre | post | "
+          "G_pair | G_pair centered | G_mat | G_mat centered | kurtosis | MSE q4_0 | turbo4 | turbo3 | "
+          "turbo3 centered | G center+pair | G center+mat | pred t3/q4 |")
+    print("|" + "---|" * 19)
+    tot = []
+    for il in layers:
+        r = {k: [] for k in ("top4", "mm", "bos", "att0", "mpre", "mpost", "gp", "gpc", "gm", "gmc", "kurt",
+                             "q4", "t4", "t3", "t3c")}
         for c in chunks:
-            k = load(args.dump, "k", il, c, (T, Hkv, d))[:, 0]
-            q = load(args.dump, "q", il, c, (T, H, d))[:, :H // Hkv]
-            kp = load(args.dump, "kpre", il, c, (T, Hkv, d))[:, 0].astype(np.float64)
-            ek.append(pair_energy(k[1:]))
-            eq.append(pair_energy(q[1:]))
-            nk = np.linalg.norm(k, axis=-1)
-            bos.append(nk[0] / np.median(nk[1:]))
-            mu = kp[1:].mean(axis=0)
-            mshare.append((mu ** 2).sum() / (kp[1:] ** 2).sum(axis=-1).mean())
-        a = np.mean(eq, axis=0)
-        b = np.mean(ek, axis=0)
-        top8 = np.sort(b)[::-1][:8].sum() / b.sum()
-        pred = np.sqrt(a * b).sum() ** 2 / (a.sum() * b.sum())
-        print(f"| {il} | {top8:.3f} | {b.max() / np.median(b):.1f} | {np.mean(bos):.2f} | {np.mean(mshare):.3f} | "
-              f"{pred:.3f} |")
+            kk = load(args.dump, "k", il, c, (T, Hkv, d))
+            qq = load(args.dump, "q", il, c, (T, H, d))
+            kp = load(args.dump, "kpre", il, c, (T, Hkv, d))
+            for hk in range(Hkv):
+                k = kk[:, hk].astype(np.float64)
+                q = qq[:, hk * g:(hk + 1) * g].astype(np.float64)
+                b = pair_energy(k, model.pairing)
+                a = pair_energy(q, model.pairing)
+                r["top4"].append(np.sort(b)[::-1][:4].sum() / b.sum())
+                r["mm"].append(b.max() / np.median(b))
+                nk = np.linalg.norm(k, axis=-1)
+                r["bos"].append(nk[0] / np.median(nk[1:]))
+                lg = np.einsum("tgd,sd->gts", q, k) / math.sqrt(d)
+                lg = np.where(pos[None, None, :] <= pos[None, :, None], lg, -np.inf)
+                lg -= lg.max(axis=-1, keepdims=True)
+                p = np.exp(lg)
+                r["att0"].append(float((p[:, :, 0] / p.sum(axis=-1)).mean()))
+                e = (k ** 2).sum(axis=-1).mean()
+                mpre = kp[:, hk].astype(np.float64).mean(axis=0)
+                r["mpre"].append((mpre ** 2).sum() / (kp[:, hk].astype(np.float64) ** 2).sum(axis=-1).mean())
+                mpost = k.mean(axis=0)
+                r["mpost"].append((mpost ** 2).sum() / e)
+                kc = k - mpost
+                r["gp"].append(np.sqrt(a * b).sum() ** 2 / (a.sum() * b.sum()))
+                bc = pair_energy(kc, model.pairing)
+                r["gpc"].append(np.sqrt(a * bc).sum() ** 2 / (a.sum() * bc.sum()))
+                qf = q.reshape(-1, d)
+                sq = qf.T @ qf / len(qf)
+                r["gm"].append(matrix_gain(k.T @ k / T, sq))
+                r["gmc"].append(matrix_gain(kc.T @ kc / T, sq))
+                kr = rotate(k.astype(F32), rot)
+                r["kurt"].append(block_kurtosis(kr))
+                r["q4"].append(rel_mse(kr, "q4_0"))
+                r["t4"].append(rel_mse(kr, "turbo4"))
+                r["t3"].append(rel_mse(kr, "turbo3"))
+                r["t3c"].append(rel_mse(rotate(kc.astype(F32), rot), "turbo3") * (kc ** 2).sum() / (k ** 2).sum())
+        m = {k: float(np.mean(v)) for k, v in r.items()}
+        m["gcp"] = float(np.mean((1 - np.array(r["mpost"])) * np.array(r["gpc"])))
+        m["gcm"] = float(np.mean((1 - np.array(r["mpost"])) * np.array(r["gmc"])))
+        m["pred"] = m["t3"] / m["q4"] * m["gcm"]
+        tot.append(m)
+        print(f"| {il} | {m['top4']:.3f} | {m['mm']:.1f} | {m['bos']:.2f} | {m['att0']:.3f} | {m['mpre']:.3f} | "
+              f"{m['mpost']:.3f} | {m['gp']:.3f} | {m['gpc']:.3f} | {m['gm']:.3f} | {m['gmc']:.3f} | {m['kurt']:.2f} | "
+              f"{m['q4']:.4f} | {m['t4']:.4f} | {m['t3']:.4f} | {m['t3c']:.4f} | {m['gcp']:.3f} | {m['gcm']:.3f} | "
+              f"{m['pred']:.2f} |")
+    m = {k: float(np.mean([t[k] for t in tot])) for k in tot[0]}
+    print(f"| mean | {m['top4']:.3f} | {m['mm']:.1f} | {m['bos']:.2f} | {m['att0']:.3f} | {m['mpre']:.3f} | "
+          f"{m['mpost']:.3f} | {m['gp']:.3f} | {m['gpc']:.3f} | {m['gm']:.3f} | {m['gmc']:.3f} | {m['kurt']:.2f} | "
+          f"{m['q4']:.4f} | {m['t4']:.4f} | {m['t3']:.4f} | {m['t3c']:.4f} | {m['gcp']:.3f} | {m['gcm']:.3f} | "
+          f"{m['pred']:.2f} |")
+    print("\n(turbo3 centered: error of the centered keys relative to the raw key energy, i.e. comparable with "
+          "the raw columns.)")
     return 0
 
 
@@ -633,10 +837,13 @@ def main():
     ap.add_argument("--suite", choices=sorted(SUITES), help="a predefined list of configurations")
     ap.add_argument("--chunks", help="comma-separated chunk indices (default: all)")
     ap.add_argument("--layers", help="comma-separated layer indices (default: all)")
-    ap.add_argument("--swa-pattern", type=int, default=6, help="layers il %% P < P-1 are sliding-window (Gemma 3: 6)")
-    ap.add_argument("--n-swa", type=int, default=512, help="sliding window (Gemma 3 270M: 512)")
-    ap.add_argument("--rope-base", type=float, default=1e6, help="RoPE base of the global layers")
-    ap.add_argument("--rope-base-swa", type=float, default=1e4, help="RoPE base of the sliding-window layers")
+    ap.add_argument("--swa-pattern", type=int, default=None,
+                    help="layers il %% P < P-1 are sliding-window (default: Gemma 3's 6 where the dump has a window)")
+    ap.add_argument("--n-swa", type=int, default=None, help="sliding window (default: meta.txt, else Gemma 3 270M: 512)")
+    ap.add_argument("--rope-base", type=float, default=None, help="RoPE base of the global layers (default: meta.txt, else 1e6)")
+    ap.add_argument("--rope-base-swa", type=float, default=None, help="RoPE base of the sliding-window layers (default 1e4)")
+    ap.add_argument("--rope-type", choices=("norm", "neox"), default=None,
+                    help="RoPE pairing: norm (2i, 2i+1) or neox (i, i+d/2) (default: meta.txt, else neox)")
     ap.add_argument("--full-window", action="store_true", help="treat sliding-window layers as full attention")
     ap.add_argument("--attn-scale", type=float, default=0.0, help="query scale (default 1/sqrt(head_dim))")
     ap.add_argument("--seed", type=int, default=1234, help="seed of the random signs (option signs)")
@@ -687,7 +894,8 @@ def main():
         names.insert(0, args.ref)
     configs = [parse_config(n) for n in dict.fromkeys(names)]
     res, info = run_study(args, configs)
-    print(f"layers {info['layers']}, chunks {info['chunks']}, ctx {info['n_ctx']}, head_dim {info['head_dim']}, "
+    print(f"{info['arch']}, {info['rope']} RoPE, heads {info['n_head']}/{info['n_head_kv']}, "
+          f"layers {info['layers']}, chunks {info['chunks']}, ctx {info['n_ctx']}, head_dim {info['head_dim']}, "
           f"Hadamard {info['rot_default']}, windows {sorted(set(info['windows'].values()))}, "
           f"{info['seconds']:.0f} s\n")
     print_table(res, info, ref=args.ref)

@@ -6,12 +6,15 @@
 // sequence in a single ubatch (n_batch = n_ubatch = n_ctx) with an f16 KV cache, so no Hadamard rotation
 // is inserted in the graph and the dumped tensors are exactly what the model computes before the cache.
 //
-// Tensors (graph names as in src/models/gemma3.cpp / src/llama-graph.cpp, one file per layer and chunk):
-//   Qcur-<il>        op ROPE   -> q_<il>_c<chunk>.f32      [n_tokens][n_head][head_dim]   (before the 1/sqrt(d) scale)
-//   Kcur-<il>        op ROPE   -> k_<il>_c<chunk>.f32      [n_tokens][n_head_kv][head_dim]
-//   Kcur_normed-<il> (k-norm)  -> kpre_<il>_c<chunk>.f32   [n_tokens][n_head_kv][head_dim] (pre-RoPE)
-//   Vcur-<il>        MUL_MAT   -> v_<il>_c<chunk>.f32      [n_tokens][n_head_kv][head_dim]
-// plus tokens_c<chunk>.i32 and meta.txt (n_ctx, chunks, n_layer, n_head, n_head_kv, dims).
+// Tensors (graph names as in src/models/gemma3.cpp, src/models/llama.cpp, src/llama-graph.cpp; one file per
+// layer and chunk):
+//   Qcur-<il>        op ROPE     -> q_<il>_c<chunk>.f32      [n_tokens][n_head][head_dim]   (before the 1/sqrt(d) scale)
+//   Kcur-<il>        op ROPE     -> k_<il>_c<chunk>.f32      [n_tokens][n_head_kv][head_dim]
+//   Kcur_normed-<il> (k-norm)    -> kpre_<il>_c<chunk>.f32   [n_tokens][n_head_kv][head_dim] (pre-RoPE)
+//   Kcur-<il>        MUL_MAT/ADD -> kpre_<il>_c<chunk>.f32   (pre-RoPE, models without a k-norm, e.g. llama)
+//   Vcur-<il>        MUL_MAT/ADD -> v_<il>_c<chunk>.f32      [n_tokens][n_head_kv][head_dim]
+// plus tokens_c<chunk>.i32 and meta.txt (n_ctx, chunks, n_layer, n_head, n_head_kv, dims, arch, rope_type
+// (0 = NORM: pairs (2i, 2i+1), 2 = NEOX: pairs (i, i + d/2)), rope_freq_base, rope_freq_scale, n_swa, head_dim).
 //
 // Build (from the repo root, against the CPU build of the patched llama.cpp):
 //   B=build/cpu-0bf587e88990
@@ -21,6 +24,8 @@
 // Run:
 //   /tmp/keystudy/kv_dump ~/.cache/polyforge/models/gemma-3-270m-q4_k_m.gguf gates/data/llama-docs.txt \
 //       1024 4 /tmp/keystudy/dump
+//   /tmp/smolstudy/kv_dump ~/.cache/polyforge/models/SmolLM2-135M-Instruct.Q4_1.gguf gates/data/llama-docs.txt \
+//       1024 4 /tmp/smolstudy/dump        (llama arch: NORM RoPE, no k-norm, GQA)
 // args: model text n_ctx n_chunks outdir [n_threads]
 
 #include "llama.h"
@@ -68,7 +73,11 @@ static std::string target(const ggml_tensor * t) {
     if (name_is(name, "Kcur_normed", &il) && t->op != GGML_OP_RESHAPE && t->op != GGML_OP_VIEW) {
         return "kpre_" + std::to_string(il);
     }
-    if (name_is(name, "Vcur", &il) && t->op == GGML_OP_MUL_MAT) {
+    // the projection itself (no k-norm): kept as kraw_, renamed to kpre_ at the end where no k-norm was seen
+    if (name_is(name, "Kcur", &il) && (t->op == GGML_OP_MUL_MAT || t->op == GGML_OP_ADD)) {
+        return "kraw_" + std::to_string(il);
+    }
+    if (name_is(name, "Vcur", &il) && (t->op == GGML_OP_MUL_MAT || t->op == GGML_OP_ADD)) {
         return "v_" + std::to_string(il);
     }
     return "";
@@ -188,12 +197,48 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "kv_dump: chunk %d done, %d files so far\n", c, st.n_written);
     }
 
+    // pre-RoPE keys: the k-normed ones where the model has a k-norm, else the projection
+    int n_kraw = 0;
+    for (int il = 0; il < llama_model_n_layer(model); ++il) {
+        for (int c = 0; c < n_chunks; ++c) {
+            const std::string sfx  = std::to_string(il) + "_c" + std::to_string(c) + ".f32";
+            const std::string raw  = st.outdir + "/kraw_" + sfx;
+            const std::string pre  = st.outdir + "/kpre_" + sfx;
+            if (FILE * f = fopen(pre.c_str(), "rb")) {
+                fclose(f);
+                std::remove(raw.c_str());
+            } else if (std::rename(raw.c_str(), pre.c_str()) == 0) {
+                n_kraw++;
+            }
+        }
+    }
+    if (n_kraw) {
+        fprintf(stderr, "kv_dump: no k-norm: %d pre-RoPE key files are the projection (Kcur MUL_MAT/ADD)\n", n_kraw);
+    }
+
     {
+        char arch[128] = "unknown";
+        llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch));
+        auto meta_f = [&](const std::string & key, const char * dflt) {
+            static char buf[128];
+            if (llama_model_meta_val_str(model, key.c_str(), buf, sizeof(buf)) < 0) {
+                snprintf(buf, sizeof(buf), "%s", dflt);
+            }
+            return std::string(buf);
+        };
+        const std::string a        = arch;
+        const std::string base     = meta_f(a + ".rope.freq_base", "10000");
+        const std::string base_swa = meta_f(a + ".rope.freq_base_swa", "0");
+        const std::string kl       = meta_f(a + ".attention.key_length",
+                                            std::to_string(llama_model_n_embd(model) / llama_model_n_head(model)).c_str());
         const std::string mpath = st.outdir + "/meta.txt";
         FILE * f = fopen(mpath.c_str(), "w");
         fprintf(f, "model %s\ntext %s\nn_ctx %d\nn_chunks %d\nn_layer %d\nn_head %d\nn_head_kv %d\nn_embd %d\n",
                 model_path, text_path, n_ctx, n_chunks, llama_model_n_layer(model), llama_model_n_head(model),
                 llama_model_n_head_kv(model), llama_model_n_embd(model));
+        fprintf(f, "arch %s\nrope_type %d\nrope_freq_base %s\nrope_freq_base_swa %s\nrope_freq_scale %g\nn_swa %d\nhead_dim %s\n",
+                arch, (int) llama_model_rope_type(model), base.c_str(), base_swa.c_str(),
+                llama_model_rope_freq_scale_train(model), llama_model_n_swa(model), kl.c_str());
         fclose(f);
     }
 

@@ -216,7 +216,10 @@ def test_shared_pool_arguments():
                             "--cold-tolerance", "1.0"])
     assert (args.json, args.extra_args, args.cold_tolerance, args.ctx, args.load) == (
         True, "-ctk turbo3 -ctv turbo3", 1.0, 16384, 64)
-    assert gate.parse_args(["--server", "S", "--model", "M"]).cold_tolerance == gate.THRESHOLDS["max_abs_dprob_cold"]
+    defaults = gate.parse_args(["--server", "S", "--model", "M"])
+    assert defaults.cold_tolerance == gate.THRESHOLDS["max_abs_dprob_cold"]
+    assert defaults.near_tie_margin == gate.THRESHOLDS["near_tie_margin"] == 0.15
+    assert gate.parse_args(["--server", "S", "--model", "M", "--near-tie-margin", "1.0"]).near_tie_margin == 1.0
 
 
 def test_shared_pool_document_and_suffixes():

@@ -85,3 +85,71 @@ def test_turbo_error_falls_with_bits(study):
     x = np.random.default_rng(7).standard_normal((64, 256)).astype(np.float32)
     errors = [float(np.mean((study.quant_turbo(x, bits) - x) ** 2)) for bits in (2, 3, 4)]
     assert errors[0] > errors[1] > errors[2] > 0
+
+
+def test_norm_rope_pairs_are_adjacent(study):
+    """llama arch (ggml NORM RoPE) rotates channels (2i, 2i+1): a scale shared by those pairs is exact, a scale
+    shared by the NEOX pairs (i, i + d/2) is not."""
+    rng = np.random.default_rng(2)
+    d, n = 64, 40
+    q = rng.standard_normal((n, 1, d)).astype(np.float32)
+    k = rng.standard_normal((n, 1, d)).astype(np.float32)
+    pos = np.arange(n) * 29
+    s_half = rng.uniform(0.2, 5.0, d // 2).astype(np.float32)
+
+    def logits(sq, sk):
+        return np.einsum("td,ud->tu", study.rope(q * sq, pos, 1e5, "norm")[:, 0],
+                         study.rope(k / sk, pos, 1e5, "norm")[:, 0])
+
+    ref = logits(1.0, 1.0)
+    s_norm = study.pair_full(s_half, "norm")
+    np.testing.assert_array_equal(s_norm[0::2], s_norm[1::2])
+    np.testing.assert_allclose(logits(s_norm, s_norm), ref, rtol=1e-4, atol=1e-3)
+    s_neox = study.pair_full(s_half, "neox")
+    assert np.abs(logits(s_neox, s_neox) - ref).max() > 1e-1
+
+    # NORM RoPE keeps the norm of every adjacent pair and is the identity at position 0
+    r = study.rope(k, pos, 1e5, "norm")
+    np.testing.assert_allclose(r[:, 0, 0::2] ** 2 + r[:, 0, 1::2] ** 2, k[:, 0, 0::2] ** 2 + k[:, 0, 1::2] ** 2,
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(study.rope(k, np.zeros(n), 1e5, "norm"), k)
+
+
+def test_smooth_scale_norm_pairs(study):
+    rng = np.random.default_rng(3)
+    d, n = 64, 512
+    k_rms = rng.uniform(0.1, 10.0, d // 2)
+    q_rms = rng.uniform(0.1, 10.0, d // 2)
+    k = rng.standard_normal((n, d)) * np.repeat(k_rms, 2)
+    q = rng.standard_normal((n, 1, d)) * np.repeat(q_rms, 2)
+    s = study.key_scale(study.parse_config("turbo3:scale=smooth,calib=0"), k.astype(np.float32),
+                        q.astype(np.float32), "norm")
+    ratio = s / np.sqrt(k_rms / q_rms)
+    assert np.std(ratio) / np.mean(ratio) < 0.1
+
+
+@pytest.mark.parametrize("pairing", ["neox", "norm"])
+@pytest.mark.parametrize("opts", ["pmean", "mean", "whiten,calib=0", "whiten,pmean,calib=16", "scale=smooth,pmean"])
+def test_key_transforms_are_exact(study, pairing, opts):
+    """with exact (f32) key storage every transform leaves attention unchanged"""
+    rng = np.random.default_rng(4)
+    T, H, Hkv, d = 48, 4, 2, 64
+    kpre = (rng.standard_normal((T, Hkv, d)) + 3 * rng.standard_normal(d)).astype(np.float32)
+    pos = np.arange(T)
+    k = study.rope(kpre, pos, 1e4, pairing)
+    q = study.rope(rng.standard_normal((T, H, d)).astype(np.float32) * 2, pos, 1e4, pairing)
+    v = rng.standard_normal((T, Hkv, d)).astype(np.float32)
+    att = study.Attn(q, k, v, kpre, 0, 1 / 8, 1e4, pairing)
+    r = att.evaluate(study.parse_config("f32:" + opts), None)
+    assert r["kl"] / r["n_q"] < 1e-6
+    assert r["logit_se"] / r["logit_n"] < 1e-6
+
+
+def test_whiten_gain_matches_pair_gain_for_diagonal_moments(study):
+    """for pair-diagonal second moments the best full matrix is the per-pair scale"""
+    rng = np.random.default_rng(5)
+    a = rng.uniform(0.1, 5, 32)
+    b = rng.uniform(0.1, 5, 32)
+    g_pair = np.sqrt(a * b).sum() ** 2 / (a.sum() * b.sum())
+    g_mat = study.matrix_gain(np.diag(np.repeat(b, 2)), np.diag(np.repeat(a, 2)))
+    assert abs(g_mat - g_pair) < 1e-9
