@@ -5,7 +5,7 @@
 # and gitpython, gitdb and smmap wheels (`pip download --no-deps --only-binary=:all: -d .whl ...`).
 #
 #   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | pp | agents
-#                                                | kld | kscale | ops-hadamard
+#                                                | kld | kscale | ops-hadamard | gates | needle
 #
 # agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072) and TAG (a suffix of its
 # output folder), so that one scenario can be repeated under other settings.
@@ -13,6 +13,10 @@
 # kld reads KLD_MODELS (GGUF paths, space-separated): the turbo-kld protocol (ctx 1024, 12 chunks of
 # the gate text, KLD to f16 K/V) on CUDA and on the CPU, and turbo3 without the key scale.
 # kscale: decode of every turbo pair with and without the key scale (LLAMA_ATTN_K_SCALE_DISABLE=1).
+# gates runs GATES (default shared-pool-turbo3-cuda) against the build; their models must already be in
+# polyforge's model cache there (no PyPI: carry the GGUF in pieces and check its sha256).
+# needle reads NEEDLE_MODEL (Gemma 3 270M GGUF), NEEDLE_SEEDS (default 18 19 20) and NEEDLE_N (default 16):
+# gates/needle/gate_needle.py on CUDA and on the CPU (--device none), turbo keys with and without the scale.
 #
 # Each phase writes its log and a one-line summary under OUT; a failing step stops the phase.
 set -u
@@ -37,7 +41,7 @@ for phase in "$@"; do
       pf vendor fetch --source .whl/llama.tar.xz --force > "$out/build.log" 2>&1 &&
         pf apply >> "$out/build.log" 2>&1 &&
         pf build --cuda --arch 90 --target test-backend-ops --target llama-bench --target llama-batched-bench \
-          --target llama-perplexity \
+          --target llama-perplexity --target llama-server \
           --json > "$out/build.json" 2>> "$out/build.log"
       rc=$?
       "$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$out/build.json" > $key_file 2>/dev/null
@@ -98,6 +102,26 @@ for phase in "$@"; do
     ops-hadamard)  # the FWHT mul_mat hints, plain and scaled (0081's per-KV-head rotation)
       ops -o MUL_MAT_HADAMARD,MUL_MAT_SCALED_HADAMARD -b CUDA0 > "$out/ops-hadamard.log" 2>&1
       summary "MUL_MAT HADAMARD" "$out/ops-hadamard.log" $? ;;
+    gates)
+      for g in ${GATES:-shared-pool-turbo3-cuda}; do
+        pf gate run "$g" --build "$(cat $key_file)" --json > "$out/gate-$g.json" 2> "$out/gate-$g.log"
+        echo "gate $g: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+      done ;;
+    needle)  # one server per K/V pair; found = needles whose code the greedy answer starts with
+      for dev in cuda cpu; do
+        [ $dev = cuda ] && extra="-ngl 99" || extra="--device none -t $(nproc)"
+        for seed in ${NEEDLE_SEEDS:-18 19 20}; do
+          for scale in on off; do
+            kv=(--kv turbo3/turbo3 --kv turbo4/turbo4); env=()
+            [ $scale = on ] && kv+=(--kv f16/f16 --kv q8_0/turbo3) || env=(LLAMA_ATTN_K_SCALE_DISABLE=1)
+            f="$out/needle-$dev-$scale-$seed"
+            env "${env[@]}" "$py" gates/needle/gate_needle.py --server "build/$(cat $key_file)/bin/llama-server" \
+              --model "${NEEDLE_MODEL:?}" --text gates/data/llama-docs.txt --needles "${NEEDLE_N:-16}" --seed "$seed" \
+              "${kv[@]}" --extra-args "$extra" --json > "$f.json" 2> "$f.log"
+            echo "needle $dev scale $scale seed $seed: $("$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join("%s %d/%d" % (k, v["found"], d["needles"]) for k, v in d.items() if isinstance(v, dict)))' "$f.json" 2>&1)" | tee -a "$out/summary.txt"
+          done
+        done
+      done ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
