@@ -23,13 +23,16 @@ def study():
     return module
 
 
-def test_pair_scale_commutes_with_rope(study):
-    rng = np.random.default_rng(0)
-    d, n = 64, 40
+def _queries_keys_scale(seed, pos_step, d=64, n=40):
+    """random q, k [n, 1, d], positions 0, pos_step, ... and a random per-pair scale [d/2]"""
+    rng = np.random.default_rng(seed)
     q = rng.standard_normal((n, 1, d)).astype(np.float32)
     k = rng.standard_normal((n, 1, d)).astype(np.float32)
-    pos = np.arange(n) * 37
-    s_half = rng.uniform(0.2, 5.0, d // 2).astype(np.float32)
+    return q, k, np.arange(n) * pos_step, rng.uniform(0.2, 5.0, d // 2).astype(np.float32)
+
+
+def test_pair_scale_commutes_with_rope(study):
+    q, k, pos, s_half = _queries_keys_scale(0, 37)
     s = np.concatenate([s_half, s_half])            # channels i and i + d/2 share a scale
     logits = np.einsum("td,ud->tu", study.rope_neox(q, pos, 1e4)[:, 0], study.rope_neox(k, pos, 1e4)[:, 0])
     scaled = np.einsum("td,ud->tu", study.rope_neox(q * s, pos, 1e4)[:, 0], study.rope_neox(k / s, pos, 1e4)[:, 0])
@@ -90,12 +93,8 @@ def test_turbo_error_falls_with_bits(study):
 def test_norm_rope_pairs_are_adjacent(study):
     """llama arch (ggml NORM RoPE) rotates channels (2i, 2i+1): a scale shared by those pairs is exact, a scale
     shared by the NEOX pairs (i, i + d/2) is not."""
-    rng = np.random.default_rng(2)
-    d, n = 64, 40
-    q = rng.standard_normal((n, 1, d)).astype(np.float32)
-    k = rng.standard_normal((n, 1, d)).astype(np.float32)
-    pos = np.arange(n) * 29
-    s_half = rng.uniform(0.2, 5.0, d // 2).astype(np.float32)
+    q, k, pos, s_half = _queries_keys_scale(2, 29)
+    n = len(pos)
 
     def logits(sq, sk):
         return np.einsum("td,ud->tu", study.rope(q * sq, pos, 1e5, "norm")[:, 0],
