@@ -66,7 +66,8 @@ def test_gate_argv_paths_exist():
 
 
 @pytest.mark.parametrize("program", ["mtp/gate_mtp.py", "shared_pool/gate_shared_pool.py", "mtp/gguf_rewrite.py",
-                                     "mtp/pad_mtp_target.py", "mtp/check_mtp_fixture.py", "needle/gate_needle.py"])
+                                     "mtp/pad_mtp_target.py", "mtp/check_mtp_fixture.py", "needle/gate_needle.py",
+                                     "kv_state/gate_kv_state.py"])
 def test_programs_run_as_files_from_anywhere(program, tmp_path):
     """As the runner starts them (python FILE, this interpreter): every import resolves, the
     package harness included, whatever the working folder."""
@@ -409,3 +410,57 @@ def test_harness_reports_a_server_that_exits_before_health(fake_server, tmp_path
         assert server.wait_exit(10) == 1
     with LlamaServer(fake_server, "m.gguf", [], tmp_path / "up.log") as server:
         assert server.wait_exit(0.5) is None  # still serving
+
+
+# -- gate kv-state-turbo ------------------------------------------------------------------------
+# A stand-in compiler: it writes, as the "program", a script that prints one row per K/V pair and
+# fails for q4_0 keys (prints no result for f32), so that the gate's build, its per-pair runs and its verdict run for real.
+FAKE_CXX = """#!/bin/sh
+while [ "$1" != "-o" ]; do shift; done
+cat > "$2" <<'PROG'
+#!/bin/sh
+[ "$3" = q4_0 ] && { echo "error: q4_0 refused" >&2; exit 3; }
+[ "$3" = f32 ] && { echo "not a result"; exit 0; }
+echo "{\\"type_k\\": \\"$3\\", \\"type_v\\": \\"$4\\", \\"n_tokens\\": $5, \\"shift_kld\\": 0.1, \\"base_kld\\": 0.08}"
+PROG
+chmod +x "$2"
+"""
+
+
+def _kv_state_run(tmp_path, monkeypatch, pairs, cxx=FAKE_CXX):
+    compiler = tmp_path / "fake-cxx"
+    compiler.write_text(cxx)
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    argv = [sys.executable, str(GATES / "kv_state" / "gate_kv_state.py"), "--root", str(ROOT), "--lib-from",
+            str(tmp_path / "bin" / "llama-perplexity"), "--model", "M", "--text", "T", "--work",
+            str(tmp_path / "work"), "--pairs", pairs, "--tokens", "100"]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def test_kv_state_collects_one_row_per_pair(tmp_path, monkeypatch):
+    done = _kv_state_run(tmp_path, monkeypatch, "turbo3/turbo3,q8_0/turbo3")
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdict["ok"] is True
+    assert verdict["metrics"] == {
+        "turbo3/turbo3": {"n_tokens": 100, "shift_kld": 0.1, "base_kld": 0.08},
+        "q8_0/turbo3": {"n_tokens": 100, "shift_kld": 0.1, "base_kld": 0.08},
+    }
+    assert (tmp_path / "work" / "turbo3-turbo3.log").is_file()
+
+
+def test_kv_state_a_failing_pair_fails_the_verdict(tmp_path, monkeypatch):
+    done = _kv_state_run(tmp_path, monkeypatch, "q4_0/q4_0,f32/f32,turbo4/turbo4")
+    assert done.returncode == 1
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdict["ok"] is False and list(verdict["metrics"]) == ["turbo4/turbo4"]
+    assert "q4_0 refused" in done.stderr and "f32/f32: no result line" in done.stderr
+
+
+def test_kv_state_a_failing_build_is_one_line(tmp_path, monkeypatch):
+    done = _kv_state_run(tmp_path, monkeypatch, "turbo3/turbo3", cxx="#!/bin/sh\necho 'fatal: no llama.h' >&2\nexit 1\n")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == "error: building kv_shift_state failed with exit 1"
+    assert "fatal: no llama.h" in done.stderr
+
