@@ -9,6 +9,7 @@
 #
 # agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072) and TAG (a suffix of its
 # output folder), so that one scenario can be repeated under other settings.
+# pp reads PROMPTS (default 16,32,64,512): prompt sizes at depth 0 and 32k.
 #
 # kld reads KLD_MODELS (GGUF paths, space-separated): the turbo-kld protocol (ctx 1024, 12 chunks of
 # the gate text, KLD to f16 K/V) on CUDA and on the CPU, and turbo3 without the key scale.
@@ -59,9 +60,9 @@ for phase in "$@"; do
         --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 64 -r 2 \
         --bandwidth 4800 --out "$out/bench" > "$out/bench.log" 2>&1
       echo "bench: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
-    pp)  # prompt processing at depth 32k, same model
+    pp)  # prompt processing at depth 0 and 32k, same model; batches on both sides of 0083's switch (32 queries)
       pf bench --build "$(cat $key_file)" -m "$model_886m" \
-        --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 32768 --flags '-fa 1 -ngl 99' -p 512 -n 0 -r 2 \
+        --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768 --flags '-fa 1 -ngl 99' -p "${PROMPTS:-16,32,64,512}" -n 0 -r 2 \
         --out "$out/pp" > "$out/pp.log" 2>&1
       echo "pp: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     agents)  # B agents sharing a 32k or 128k prefix (the pool's case), same model

@@ -120,7 +120,7 @@ if "-fa" in args and arg("-fa") == "1":
 print("load_backend: loaded CPU backend", file=sys.stderr)
 rows = []
 for depth in map(int, arg("-d").split(",")):
-    for n_prompt, n_gen in ((int(arg("-p")), 0), (0, int(arg("-n")))):
+    for n_prompt, n_gen in [(int(p), 0) for p in arg("-p").split(",")] + [(0, int(arg("-n")))]:
         if n_prompt == 0 and n_gen == 0:
             continue
         rows.append({"type_k": arg("-ctk"), "type_v": arg("-ctv"), "n_prompt": n_prompt, "n_gen": n_gen,

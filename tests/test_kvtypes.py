@@ -18,7 +18,7 @@ def test_kv_pair():
 
 def test_bench_and_the_kld_gate_spell_pairs_alike():
     with pytest.raises(BadInput, match="not a K/V type pair"):
-        BenchSpec.make(["q8_0"], None, [0], None, 0, 16, 1)
+        BenchSpec.make(["q8_0"], None, [0], None, [0], 16, 1)
     assert perplexity_kld.kv_pair is kv_pair  # the gate's params are checked by the same function
 
 

@@ -95,23 +95,24 @@ class BenchSpec:
     reference: str
     depths: tuple[int, ...]
     flag_sets: tuple[str, ...]
-    n_prompt: int
+    prompts: tuple[int, ...]  # prompt sizes (-p), each a test of its own; 0: none
     n_gen: int
     repetitions: int
     bandwidth_gbps: float | None = None  # memory bandwidth for the decode rooflines
 
     @staticmethod
     def make(kv: list[str], reference: str | None, depths: list[int], flag_sets: list[str] | None,
-             n_prompt: int, n_gen: int, repetitions: int, bandwidth_gbps: float | None = None) -> "BenchSpec":
+             prompts: list[int], n_gen: int, repetitions: int, bandwidth_gbps: float | None = None) -> "BenchSpec":
         pairs, reference = kv_pairs(kv, reference)
         if not depths or any(d < 0 for d in depths):
             raise BadInput("--depth: a list of non-negative depths")
-        if repetitions < 1 or n_prompt < 0 or n_gen < 0 or (n_prompt == 0 and n_gen == 0):
+        if repetitions < 1 or any(p < 0 for p in prompts) or n_gen < 0 or (not any(prompts) and n_gen == 0):
             raise BadInput("-r must be >= 1, and -p or -n must be > 0")
+        prompts = sorted({p for p in prompts if p > 0}) or [0]
         sets = check_flag_sets(flag_sets)
         if bandwidth_gbps is not None and not bandwidth_gbps > 0:
             raise BadInput("--bandwidth takes a positive number of GB/s")
-        return BenchSpec(pairs, reference, tuple(sorted(set(depths))), sets, n_prompt, n_gen, repetitions,
+        return BenchSpec(pairs, reference, tuple(sorted(set(depths))), sets, tuple(prompts), n_gen, repetitions,
                          bandwidth_gbps)
 
     def header(self) -> dict:
@@ -121,13 +122,14 @@ class BenchSpec:
     def as_dict(self) -> dict:
         """bench.json's "spec" (the reference and bandwidth sit at the top level there)."""
         return {"kv": list(self.kv), "depths": list(self.depths), "flags": list(self.flag_sets),
-                "n_prompt": self.n_prompt, "n_gen": self.n_gen, "repetitions": self.repetitions}
+                "prompts": list(self.prompts), "n_gen": self.n_gen, "repetitions": self.repetitions}
 
     @staticmethod
     def from_dict(data: dict) -> "BenchSpec":
-        """From a whole bench.json."""
+        """From a whole bench.json (before prompt lists, its spec held one "n_prompt")."""
         s = data["spec"]
-        return BenchSpec(tuple(s["kv"]), data["reference"], tuple(s["depths"]), tuple(s["flags"]), s["n_prompt"],
+        prompts = tuple(s["prompts"]) if "prompts" in s else (s["n_prompt"],)
+        return BenchSpec(tuple(s["kv"]), data["reference"], tuple(s["depths"]), tuple(s["flags"]), prompts,
                          s["n_gen"], s["repetitions"], data.get("bandwidth_gbps"))
 
 
@@ -206,6 +208,12 @@ def test_name(result: dict) -> str:
     return f"pp{result.get('n_prompt')}+tg{result.get('n_gen')}"
 
 
+def order_of_test(test: str) -> tuple:
+    """A sort key that puts pp64 before pp512 (tgN after the ppN, ppN+tgM last)."""
+    numbers = tuple(int(n) for n in re.findall(r"\d+", test))
+    return ("+" in test, test[:2], numbers)
+
+
 def parse_llama_bench(stdout: str) -> list[dict]:
     """llama-bench -o json prints one JSON array (after any log lines)."""
     start = stdout.find("[")
@@ -261,7 +269,7 @@ def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, timeout
         for pair in spec.kv:
             k, v = pair.split("/")
             argv = [bench_bin, "-m", model, "-ctk", k, "-ctv", v, "-d", ",".join(map(str, spec.depths)),
-                    "-p", str(spec.n_prompt), "-n", str(spec.n_gen), "-r", str(spec.repetitions), "-o", "json",
+                    "-p", ",".join(map(str, spec.prompts)), "-n", str(spec.n_gen), "-r", str(spec.repetitions), "-o", "json",
                     *shlex.split(flags)]
             log(f"llama-bench {pair} {flags}".rstrip())
             stdout, log_path = invoke(argv, out_dir, stem(pair, flags), f"llama-bench failed for {pair} {flags}",
@@ -386,7 +394,7 @@ COLUMNS = (
 def markdown(result: BenchResult) -> str:
     title = (f"reference: `{result.spec.reference}` (ratio = t/s / reference t/s, same run)"
              + (f"; roofline at {result.spec.bandwidth_gbps:g} GB/s" if _with_bandwidth(result) else ""))
-    rows = sorted(result.rows, key=lambda r: (r.flags, r.test, r.depth, r.kv))
+    rows = sorted(result.rows, key=lambda r: (r.flags, order_of_test(r.test), r.depth, r.kv))
     return "\n".join([title, "", *table(COLUMNS, result, rows)]) + "\n"
 
 

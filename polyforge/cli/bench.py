@@ -27,7 +27,8 @@ def bench(
     depth: Optional[str] = typer.Option(None, "--depth", "-d", help="Depths, comma-separated (default 0,512)."),
     flags: Optional[List[str]] = typer.Option(None, "--flags", help="A flag set for llama-bench (or with --agents "
                                               "llama-batched-bench), e.g. '-fa 1' (repeatable)."),
-    n_prompt: Optional[int] = typer.Option(None, "-p", help="Prompt tokens per test (default 0: none)."),
+    prompts: Optional[str] = typer.Option(None, "-p", help="Prompt sizes, comma-separated, a test each "
+                                          "(default 0: none)."),
     n_gen: int = typer.Option(32, "-n", help="Generated tokens per test (with --agents: per agent)."),
     repetitions: Optional[int] = typer.Option(None, "-r", help="Repetitions (default 3)."),
     agents: Optional[str] = typer.Option(None, "--agents", help="The agents scenario (llama-batched-bench): "
@@ -48,7 +49,7 @@ def bench(
     """A llama-bench matrix: KV types x depths x flags; JSON, markdown, ratios, PNG (and rooflines).
     With --agents: B agents sharing a P-token prefix (llama-batched-bench), decode t/s per KV pair."""
     if agents is not None:
-        matrix_only = {"--depth": depth, "-p": n_prompt, "-r": repetitions, "--bandwidth": bandwidth}
+        matrix_only = {"--depth": depth, "-p": prompts, "-r": repetitions, "--bandwidth": bandwidth}
         for option, value in matrix_only.items():
             if value is not None:
                 raise BadInput(f"{option} is an option of the llama-bench matrix, not of --agents")
@@ -60,7 +61,7 @@ def bench(
         if prefix is not None or separate:
             raise BadInput("--prefix and --separate go with --agents")
         depths = bench_lib.int_list("0,512" if depth is None else depth, "--depth")
-        spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, n_prompt or 0, n_gen,
+        spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, bench_lib.int_list(prompts or "0", "-p"), n_gen,
                                         3 if repetitions is None else repetitions, bandwidth)
         run, render = pipeline.run_bench, bench_lib.markdown
     chain = Chain(find_project())

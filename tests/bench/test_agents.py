@@ -194,6 +194,7 @@ def test_agents_cli(cli_build, tmp_path):
     (("--agents", "4", "--kv", "q8_0"), "not a K/V type pair"),
     (("--agents", "4", "--depth", "0"), "--depth is an option of the llama-bench matrix"),
     (("--agents", "4", "-r", "2"), "-r is an option of the llama-bench matrix"),
+    (("--agents", "4", "-p", "512"), "-p is an option of the llama-bench matrix"),
     (("--separate",), "--prefix and --separate go with --agents"),
 ])
 def test_agents_cli_bad_input(proj, args, fragment):

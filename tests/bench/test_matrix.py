@@ -14,14 +14,14 @@ from polyforge.errors import BadInput, VerificationFailed
 
 def _spec(**kw):
     args = dict(kv=["f16/f16,q8_0/q8_0", "q4_0/q4_0"], reference=None, depths=[0, 1000], flag_sets=None,
-                n_prompt=64, n_gen=16, repetitions=2)
+                prompts=[64], n_gen=16, repetitions=2)
     args.update(kw)
     return bench.BenchSpec.make(**args)
 
 
 @pytest.mark.parametrize("kw, fragment", [
     ({"kv": ["q8_0"]}, "not a K/V type pair"), ({"kv": []}, "at least one"), ({"depths": [-1]}, "non-negative"),
-    ({"repetitions": 0}, "-r must be"), ({"n_prompt": 0, "n_gen": 0}, "-p or -n"), ({"flag_sets": ["-fa '1"]}, "--flags"),
+    ({"repetitions": 0}, "-r must be"), ({"prompts": [0], "n_gen": 0}, "-p or -n"), ({"prompts": [64, -1]}, "-p or -n"), ({"flag_sets": ["-fa '1"]}, "--flags"),
     ({"bandwidth_gbps": 0}, "--bandwidth takes a positive"),
 ])
 def test_spec_validation(kw, fragment):
@@ -61,6 +61,31 @@ def test_matrix_ratios_markdown_and_plot(tmp_path):
     assert "| q8_0/q8_0 | -fa 1 | tg16 | 1000 |" in md and "0.900" in md
     png = tmp_path / "out" / "decode_vs_depth.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_prompt_sizes_are_tests_of_their_own(tmp_path):
+    """-p 512,64,64,0: one llama-bench call per pair with the sizes once each (0 dropped), a row per
+    size and depth, each with its ratio, and bench.md in numeric order (pp64 before pp512)."""
+    exe = write_script(tmp_path / "llama-bench", FAKE_BENCH)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    spec = _spec(kv=["f16/f16,q8_0/q8_0"], prompts=[512, 64, 64, 0], n_gen=0, depths=[0])
+    assert spec.prompts == (64, 512) and spec.as_dict()["prompts"] == [64, 512]
+    result = bench.run(exe, model, spec, tmp_path / "out")
+    calls = (tmp_path / "llama-bench.calls").read_text().splitlines()
+    assert len(calls) == 2 and all(" -p 64,512 -n 0 " in c for c in calls)
+    assert sorted((r.kv, r.test) for r in result.rows) == [
+        ("f16/f16", "pp512"), ("f16/f16", "pp64"), ("q8_0/q8_0", "pp512"), ("q8_0/q8_0", "pp64")]
+    assert all(r.ratio == pytest.approx(1.0 if r.kv == "f16/f16" else 0.9) for r in result.rows)
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert md.index("| pp64 |") < md.index("| pp512 |")
+    assert sorted(["tg16", "pp512", "pp64+tg16", "pp64"], key=bench.order_of_test) == ["pp64", "pp512", "tg16", "pp64+tg16"]
+
+
+def test_bench_json_before_prompt_lists_still_reads():
+    saved = {"reference": "f16/f16", "bandwidth_gbps": None, "model": "m.gguf", "rows": [], "seconds": 1.0,
+             "spec": {"kv": ["f16/f16"], "depths": [0], "flags": [""], "n_prompt": 512, "n_gen": 0, "repetitions": 2}}
+    assert bench.BenchResult.from_dict(saved).spec.prompts == (512,)
 
 
 def _gguf(path, kv: dict) -> None:
@@ -123,7 +148,7 @@ def test_not_a_gguf(tmp_path):
 def test_roofline_columns(tmp_path):
     exe = write_script(tmp_path / "llama-bench", FAKE_BENCH)
     _gguf(tmp_path / "m.gguf", LLAMA)
-    result = bench.run(exe, tmp_path / "m.gguf", _spec(kv=["f16/f16,q8_0/q8_0"], n_prompt=0, bandwidth_gbps=4000),
+    result = bench.run(exe, tmp_path / "m.gguf", _spec(kv=["f16/f16,q8_0/q8_0"], prompts=[0], bandwidth_gbps=4000),
                        tmp_path / "out")
     row = next(r for r in result.rows if (r.kv, r.depth) == ("q8_0/q8_0", 1000))
     nbytes = 2e9 + (1000 + 7.5) * 16 * 8 * 256 * 34 / 32  # weights + KV at the mean depth of tg16
@@ -147,6 +172,8 @@ def test_failing_llama_bench(tmp_path):
 def test_bench_cli_bad_input(proj):
     assert_clean_error(run_cli("bench", "--kv", "q8_0", cwd=proj.root), 2, "not a K/V type pair")
     assert_clean_error(run_cli("bench", "--bandwidth", "-1", cwd=proj.root), 2, "--bandwidth takes a positive")
+    assert_clean_error(run_cli("bench", "-p", "64,1k", cwd=proj.root), 2, "-p 64,1k: not a comma-separated list")
+    assert_clean_error(run_cli("bench", "-p", "0", "-n", "0", cwd=proj.root), 2, "-p or -n must be > 0")
 
 
 @pytest.mark.slow
@@ -164,12 +191,18 @@ def test_real_bench(real_build, tmp_path):
 
 @pytest.mark.slow
 def test_real_bench_roofline(real_build, tmp_path):
-    """--bandwidth on a real run: the weights as llama-bench sizes them plus the KV bytes of the model's shape."""
+    """--bandwidth on a real run: the weights as llama-bench sizes them plus the KV bytes of the model's shape;
+    prompt rows (two sizes, one llama-bench call) get ratios but no roofline."""
     done = run_pf("bench", "--build", real_build.key, "-m", "random:tiny,n_layer=3", "--kv", "f16/f16,q8_0/turbo3",
-                  "--depth", "0,512", "-n", "4", "-r", "1", "--bandwidth", "50", "--out", str(tmp_path), "--json",
-                  cwd=ROOT, timeout=1800)
+                  "--depth", "0,512", "-p", "16,8", "-n", "4", "-r", "1", "--bandwidth", "50", "--out", str(tmp_path),
+                  "--json", cwd=ROOT, timeout=1800)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)["rows"]
+    pp = [r for r in rows if r["test"].startswith("pp")]
+    assert sorted((r["kv"], r["test"], r["depth"]) for r in pp) == sorted(
+        (kv, t, d) for kv in ("f16/f16", "q8_0/turbo3") for t in ("pp8", "pp16") for d in (0, 512))
+    assert all(r["avg_ts"] > 0 and r["ratio"] > 0 and "roofline_ts" not in r for r in pp)
+    rows = [r for r in rows if r["test"] == "tg4"]
     f16, turbo = (next(r for r in rows if (r["kv"], r["depth"]) == (kv, 512)) for kv in ("f16/f16", "q8_0/turbo3"))
     # tiny: 3 layers, 1 KV head of 128; weights the same in both rows
     kv_f16 = (512 + 1.5) * 3 * 256 * 2
