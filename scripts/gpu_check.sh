@@ -89,13 +89,16 @@ for phase in "$@"; do
         done
       done ;;
     kscale)  # same model as bench; today's build is the same binary with the scale turned off
-      # KSCALE_DEPTHS (default 0,32768,131072), KSCALE_ROUNDS (default 1): on and off alternate
+      # KSCALE_DEPTHS (default 0,32768,131072), KSCALE_ROUNDS (default 1): on and off alternate;
+      # KSCALE_PROMPTS (default 0: none): prompt sizes too; at depth 0 each is a calibration step (with
+      # KSCALE_DEPTHS=0 the calibration's one-off cost: on against off)
       for round in $(seq 1 "${KSCALE_ROUNDS:-1}"); do
         for scale in on off; do
           [ $scale = off ] && export LLAMA_ATTN_K_SCALE_DISABLE=1 || unset LLAMA_ATTN_K_SCALE_DISABLE
           pf bench --build "$(cat $key_file)" -m "$model_886m" \
             --kv turbo3/turbo3,turbo4/turbo4,turbo2/turbo2,q8_0/turbo3,q8_0/turbo4 -d "${KSCALE_DEPTHS:-0,32768,131072}" \
-            --flags '-fa 1 -ngl 99' -n 128 -r 3 --out "$out/kscale-$scale-$round" > "$out/kscale-$scale-$round.log" 2>&1
+            --flags '-fa 1 -ngl 99' -p "${KSCALE_PROMPTS:-0}" -n 128 -r 3 --out "$out/kscale-$scale-$round" \
+            > "$out/kscale-$scale-$round.log" 2>&1
           echo "kscale $scale round $round: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
         done
       done

@@ -3,7 +3,8 @@ mean ride along with the keys), through kv_shift_state.cpp, built here against t
 
 For each K/V pair: shift_kld is the divergence of the shifted cache from a shifted f16 cache, base_kld
 the same without the shift (see the program's header); state_* compare probes scored before a save
-and after a restore into a new context. Prints one JSON object: {"ok": ..., "metrics": {pair: {...}}}.
+and after a restore into a new context; cleared_max_dlogit and emptied_* compare a context reused
+after a clear with and without its data against a new one. Prints one JSON object: {"ok": ..., "metrics": {pair: {...}}}.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def main() -> int:
             print(f"{pair}: no result line from {exe.name}", file=sys.stderr)
             continue
         metrics[pair] = {key: val for key, val in row.items() if key not in ("type_k", "type_v")}
-        print(f"{pair}: " + ", ".join(f"{key} {row[key]:g}" for key in ("shift_kld", "base_kld", "state_max_dlogit")
+        print(f"{pair}: " + ", ".join(f"{key} {row[key]:g}" for key in ("shift_kld", "base_kld", "state_max_dlogit",
+                                                                           "cleared_max_dlogit", "emptied_max_dlogit")
                                        if isinstance(row.get(key), (int, float))), file=sys.stderr)
     print(json.dumps({"ok": ok, "metrics": metrics}))
     return 0 if ok else 1

@@ -6,7 +6,11 @@
 //          types under test and once with f16 K/V, where the shift is exact up to rounding;
 //   base:  the same without the shift, both types;
 //   state: decode T[0, N), save the sequence, restore it into a new context and score the probes;
-//          compare with the probes scored in the first context.
+//          compare with the probes scored in the first context;
+//   reuse: decode another opening (BOS and N - 1 tokens from later in the text), empty the cache
+//          with and without clearing its data, then run "base" in that context: cleared, it must
+//          score the probes bit for bit as a new context does (a new calibration); emptied only, it
+//          keeps the key scale its first ubatch calibrated (the scores differ where there is one).
 // A shifted cache should stay as close to the shifted f16 cache as the unshifted one is to f16: a
 // stored key offset that did not turn with the shifted keys would move their logits against the
 // first key's, and the shift's divergence would grow far beyond the base's.
@@ -165,12 +169,14 @@ int main(int argc, char ** argv) {
     const std::string text = ss.str();
     std::vector<llama_token> all(text.size() + 16);
     const int n_all = llama_tokenize(vocab, text.c_str(), (int) text.size(), all.data(), (int) all.size(), true, false);
-    if (n_all < n_tok + n_probe) {
-        fprintf(stderr, "error: %s has %d tokens, need %d\n", argv[2], n_all, n_tok + n_probe);
+    if (n_all < 2*n_tok + n_probe) {
+        fprintf(stderr, "error: %s has %d tokens, need %d\n", argv[2], n_all, 2*n_tok + n_probe);
         return 1;
     }
     const std::vector<llama_token> prompt(all.begin(), all.begin() + n_tok);
     const std::vector<llama_token> probes(all.begin() + n_tok, all.begin() + n_tok + n_probe);
+    std::vector<llama_token> other(1, prompt[0]);
+    other.insert(other.end(), all.begin() + n_tok + n_probe + 1, all.begin() + 2*n_tok + n_probe);
 
     // shift and base, under test and f16
     runner ref = r;
@@ -215,18 +221,36 @@ int main(int argc, char ** argv) {
     const std::vector<float> lg_restored = r.probe(ctx, probes);
     llama_free(ctx);
 
+    // reuse
+    auto reuse = [&](bool data) {
+        llama_context * c = r.new_context();
+        r.decode(c, other, false);
+        llama_memory_clear(llama_get_memory(c), data);
+        r.decode(c, prompt, false);
+        std::vector<float> res = r.probe(c, probes);
+        llama_free(c);
+        return res;
+    };
+    const std::vector<float> lg_cleared = reuse(true);
+    const std::vector<float> lg_emptied = reuse(false);
+
     const divergence shift = compare(lg_shift_ref, lg_shift, r.n_vocab);
     const divergence base  = compare(lg_base_ref,  lg_base,  r.n_vocab);
     const divergence moved = compare(lg_base_ref,  lg_shift_ref, r.n_vocab);
     const divergence st    = compare(lg_saved, lg_restored, r.n_vocab);
+    const divergence clr   = compare(lg_base, lg_cleared, r.n_vocab);
+    const divergence kept  = compare(lg_base, lg_emptied, r.n_vocab);
+    const divergence keptf = compare(lg_base_ref, lg_emptied, r.n_vocab);
 
     printf("{\"type_k\": \"%s\", \"type_v\": \"%s\", \"n_tokens\": %d, \"n_shift\": %d, \"n_probe\": %d, "
            "\"shift_kld\": %.6g, \"shift_top1\": %.4f, \"base_kld\": %.6g, \"base_top1\": %.4f, "
            "\"f16_shift_moved_kld\": %.6g, "
-           "\"state_kld\": %.6g, \"state_top1\": %.4f, \"state_max_dlogit\": %.6g}\n",
+           "\"state_kld\": %.6g, \"state_top1\": %.4f, \"state_max_dlogit\": %.6g, "
+           "\"cleared_max_dlogit\": %.6g, \"emptied_max_dlogit\": %.6g, \"emptied_kld\": %.6g}\n",
            argv[3], argv[4], n_tok, n_shift, n_probe,
            shift.kld_mean, shift.top1, base.kld_mean, base.top1, moved.kld_mean,
-           st.kld_mean, st.top1, st.max_dlogit);
+           st.kld_mean, st.top1, st.max_dlogit,
+           clr.max_dlogit, kept.max_dlogit, keptf.kld_mean);
 
     llama_model_free(r.model);
     llama_backend_free();
