@@ -4,7 +4,8 @@ mean ride along with the keys), through kv_shift_state.cpp, built here against t
 For each K/V pair: shift_kld is the divergence of the shifted cache from a shifted f16 cache, base_kld
 the same without the shift (see the program's header); state_* compare probes scored before a save
 and after a restore into a new context; cleared_max_dlogit and emptied_* compare a context reused
-after a clear with and without its data against a new one. Prints one JSON object: {"ok": ..., "metrics": {pair: {...}}}.
+after a clear with and without its data against a new one.
+Prints one JSON object: {"ok": ..., "metrics": {pair: {...}}}.
 """
 
 from __future__ import annotations

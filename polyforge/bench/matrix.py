@@ -269,7 +269,8 @@ def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, timeout
         for pair in spec.kv:
             k, v = pair.split("/")
             argv = [bench_bin, "-m", model, "-ctk", k, "-ctv", v, "-d", ",".join(map(str, spec.depths)),
-                    "-p", ",".join(map(str, spec.prompts)), "-n", str(spec.n_gen), "-r", str(spec.repetitions), "-o", "json",
+                    "-p", ",".join(map(str, spec.prompts)), "-n", str(spec.n_gen), "-r", str(spec.repetitions),
+                    "-o", "json",
                     *shlex.split(flags)]
             log(f"llama-bench {pair} {flags}".rstrip())
             stdout, log_path = invoke(argv, out_dir, stem(pair, flags), f"llama-bench failed for {pair} {flags}",

@@ -21,7 +21,8 @@ def _spec(**kw):
 
 @pytest.mark.parametrize("kw, fragment", [
     ({"kv": ["q8_0"]}, "not a K/V type pair"), ({"kv": []}, "at least one"), ({"depths": [-1]}, "non-negative"),
-    ({"repetitions": 0}, "-r must be"), ({"prompts": [0], "n_gen": 0}, "-p or -n"), ({"prompts": [64, -1]}, "-p or -n"), ({"flag_sets": ["-fa '1"]}, "--flags"),
+    ({"repetitions": 0}, "-r must be"), ({"prompts": [0], "n_gen": 0}, "-p or -n"), ({"prompts": [64, -1]}, "-p or -n"),
+    ({"flag_sets": ["-fa '1"]}, "--flags"),
     ({"bandwidth_gbps": 0}, "--bandwidth takes a positive"),
 ])
 def test_spec_validation(kw, fragment):
