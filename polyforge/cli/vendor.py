@@ -68,8 +68,7 @@ def pack(
 ) -> None:
     """A compact, reproducible archive of the tree, for machines with no network."""
     chain = Chain(find_project())
-    with chain.exclusive():
-        info = vendor_lib.pack(chain, out.resolve(), patched=patched, prune=not full)
+    info = vendor_lib.pack(chain, out.resolve(), patched=patched, prune=not full)
     if json_out:
         emit_json(info)
     else:

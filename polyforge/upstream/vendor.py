@@ -265,19 +265,30 @@ def _check_output(out: Path) -> None:
 
 
 def pack(chain: Chain, out: Path, patched: bool = False, prune: bool = True) -> dict:
-    """Write a tar.xz of the baseline (or the live tree with --patched), pruned by default."""
-    tree = chain.tree
-    tree.require()
+    """Write a tar.xz of the baseline (or the live tree with --patched), pruned by default.
+    Reads the tree under the project lock held shared, and compresses (minutes for a full
+    tree) after releasing it, so that a build or apply meanwhile neither waits nor fails."""
     if out.suffixes[-2:] != [".tar", ".xz"]:
         raise BadInput(f"{out}: the pack must be a .tar.xz file")
     _check_output(out)
+    with chain.shared():
+        packed_tree, prune_list, data = _pack_archive(chain, patched, prune)
+    _write_compressed(out, data)
+    return {"path": str(out), "tree": packed_tree, "pruned": list(prune_list), "patched": patched,
+            "sha256": sha256_file(out), "bytes": out.stat().st_size}
+
+
+def _pack_archive(chain: Chain, patched: bool, prune: bool) -> tuple[str, tuple[str, ...], bytes]:
+    """The packed tree, the folders left out, and the uncompressed tar of it."""
+    tree = chain.tree
+    tree.require()
     git = tree.git
     if patched:
         chain.require_clean("pack --patched")
         source_tree = tree.head_tree()
     else:
         source_tree = tree.baseline_tree()
-    prune_list = chain.pin.pack_prune if prune else ()
+    prune_list = tuple(chain.pin.pack_prune) if prune else ()
     packed_tree = source_tree
     if prune_list:
         # keep every file the chain touches, so the chain applies on the unpacked tree
@@ -290,7 +301,10 @@ def pack(chain: Chain, out: Path, patched: bool = False, prune: bool = True) -> 
     # archive a commit (fixed dates) rather than a tree, so every file gets the same mtime
     # and the same inputs give the same bytes
     commit = git.commit_tree(packed_tree, f"polyforge pack of {packed_tree}")
-    data = git.run_bytes("archive", "--format=tar", "--prefix=llama.cpp/", commit)
+    return packed_tree, prune_list, git.run_bytes("archive", "--format=tar", "--prefix=llama.cpp/", commit)
+
+
+def _write_compressed(out: Path, data: bytes) -> None:
     partial = out.with_name(out.name + ".part")
     try:
         partial.write_bytes(lzma.compress(data, preset=6))
@@ -300,5 +314,3 @@ def pack(chain: Chain, out: Path, patched: bool = False, prune: bool = True) -> 
         if isinstance(exc, (NotADirectoryError, IsADirectoryError, FileNotFoundError)):
             _check_output(out)  # the folder changed under us: say how, as the up-front check does
         raise EnvironmentProblem(f"cannot write {out}: {exc.strerror or exc}") from None
-    return {"path": str(out), "tree": packed_tree, "pruned": list(prune_list), "patched": patched,
-            "sha256": sha256_file(out), "bytes": out.stat().st_size}

@@ -10,6 +10,10 @@ import pytest
 from conftest import Proj, git_tree_id, write_pin
 from polyforge.upstream import vendor
 from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
+from typer.testing import CliRunner
+
+from polyforge.cli import app
+from polyforge.filelock import FileLock
 from polyforge.hashing import sha256_file
 
 
@@ -154,6 +158,28 @@ def test_pack_round_trip_is_pruned_and_reproducible(fetched: Proj, tmp_path):
     result = vendor.fetch(other.chain(), source=str(tmp_path / "a.tar.xz"))
     assert result.pruned and result.tree == fetched.upstream.pack_tree
     assert vendor.status(other.chain())["baseline_ok"]
+
+
+def test_pack_compresses_with_the_project_lock_released(fetched: Proj, tmp_path, monkeypatch):
+    """A full pack compresses for minutes: a writer (build, apply) started meanwhile must get
+    the lock at once, not fail on a busy tree (it did: `polyforge up` lost a gate to a pack)."""
+    chain = fetched.chain()
+    real_compress = vendor.lzma.compress
+    seen = []
+
+    def compress_and_try_the_lock(data, preset):
+        with FileLock(chain.project.lock_path, "vendored tree"):  # exclusive, fails at once if held
+            seen.append(len(data))
+        return real_compress(data, preset=preset)
+
+    monkeypatch.setattr(vendor.lzma, "compress", compress_and_try_the_lock)
+    monkeypatch.chdir(fetched.root)
+    # through the command, which is where the whole pack once ran under the exclusive lock
+    result = CliRunner().invoke(app, ["vendor", "pack", str(tmp_path / "p.tar.xz"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert seen and seen[0] > 0
+    with tarfile.open(tmp_path / "p.tar.xz") as tar:
+        assert tar.getnames()
 
 
 def test_pack_rejects_other_suffix(fetched: Proj, tmp_path):
