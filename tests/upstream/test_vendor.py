@@ -6,15 +6,14 @@ import tarfile
 import subprocess
 
 import pytest
-
-from conftest import Proj, git_tree_id, write_pin
-from polyforge.upstream import vendor
-from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
 from typer.testing import CliRunner
 
+from conftest import Proj, git_tree_id, write_pin
 from polyforge.cli import app
+from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
 from polyforge.filelock import FileLock
 from polyforge.hashing import sha256_file
+from polyforge.upstream import vendor
 
 
 def test_fetch_dir_source_yields_pinned_tree(proj: Proj):
