@@ -4,9 +4,11 @@
 # What travels in .whl/ (gitignored): llama.tar.xz from `polyforge vendor pack .whl/llama.tar.xz`,
 # and gitpython, gitdb and smmap wheels (`pip download --no-deps --only-binary=:all: -d .whl ...`).
 #
-#   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | pp | agents
+#   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | heads | pp | agents
 #                                                | kld | kscale | ops-hadamard | gates | needle
 #
+# heads reads HEADS (default 64 256 512) and TAG: decode at depth 0, 32k and 128k on the GQA-4 shapes of
+# issue 16 with those head sizes (16 layers; hd64 and hd256 at n_embd 2048, hd512 at 4096).
 # agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072) and TAG (a suffix of its
 # output folder), so that one scenario can be repeated under other settings.
 # pp reads PROMPTS (default 16,32,64,512): prompt sizes at depth 0 and 32k.
@@ -60,6 +62,20 @@ for phase in "$@"; do
         --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 64 -r 2 \
         --bandwidth 4800 --out "$out/bench" > "$out/bench.log" 2>&1
       echo "bench: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
+    heads)
+      for hd in ${HEADS:-64 256 512}; do
+        case $hd in
+          64)  shape="n_embd=2048,n_head=32,n_head_kv=8" ;;
+          256) shape="n_embd=2048,n_head=8,n_head_kv=2" ;;
+          512) shape="n_embd=4096,n_head=8,n_head_kv=2" ;;
+          *) echo "heads: no shape for head size $hd" >&2; continue ;;
+        esac
+        tag=hd$hd${TAG:-}
+        pf bench --build "$(cat $key_file)" -m "random:n_layer=16,$shape,n_ff=5632,n_vocab=32000,n_ctx=140000" \
+          --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 32 -r 2 \
+          --bandwidth 4800 --out "$out/$tag" > "$out/$tag.log" 2>&1
+        echo "$tag: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+      done ;;
     pp)  # prompt processing at depth 0 and 32k, same model; batches on both sides of 0083's switch (32 queries)
       pf bench --build "$(cat $key_file)" -m "$model_886m" \
         --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768 --flags '-fa 1 -ngl 99' -p "${PROMPTS:-16,32,64,512}" -n 0 -r 2 \
