@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Static statistics of the CUDA flash-attention vector kernels of the vendored tree, without a GPU.
+
+Compiles one template-instance file (ggml/src/ggml-cuda/template-instances/fattn-vec-instance-NAME.cu)
+with the local nvcc for one architecture and prints, per flash_attn_ext_vec kernel: registers, stack,
+spills (ptxas -v), SASS instructions in all and in the main K/V loop (the longest backward branch before
+the kernel's exit), local loads/stores in that loop (spills or arrays the compiler could not keep in
+registers), and the global loads issued before and after the loop's first shared store (the KQ values:
+V loads after it wait for the K dot products).
+
+  fattn_vec_stats.py turbo3-turbo3 [--filter 'D=256'] [-D NAME=VALUE ...] [--arch 90] [--keep DIR]
+
+nvcc must be on PATH. cuobjdump (and the nvdisasm it runs) come from PATH, --cuobjdump, or PyPI's
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (downloaded once into ~/.cache/polyforge/tools).
+cuBLAS headers are not needed: a stub stands in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the declarations of cublas_v2.h that ggml-cuda's headers use; the kernels never call them
+CUBLAS_STUB = """#pragma once
+typedef struct cublasContext * cublasHandle_t;
+typedef int cublasStatus_t;
+typedef int cublasMath_t;
+typedef int cublasComputeType_t;
+typedef int cublasGemmAlgo_t;
+typedef int cublasOperation_t;
+#define CUBLAS_STATUS_SUCCESS 0
+#define CUBLAS_TF32_TENSOR_OP_MATH 0
+#define CUBLAS_DEFAULT_MATH 0
+#define CUBLAS_OP_T 1
+#define CUBLAS_OP_N 0
+#define CUBLAS_COMPUTE_16F 0
+#define CUBLAS_COMPUTE_32F 0
+#define CUBLAS_COMPUTE_32F_FAST_16F 0
+#define CUBLAS_GEMM_DEFAULT_TENSOR_OP 0
+#define CUBLAS_GEMM_DEFAULT 0
+static inline cublasStatus_t cublasCreate(cublasHandle_t *) { return 0; }
+static inline cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return 0; }
+static inline cublasStatus_t cublasSetStream(cublasHandle_t, void *) { return 0; }
+static inline cublasStatus_t cublasDestroy(cublasHandle_t) { return 0; }
+static inline const char * cublasGetStatusString(cublasStatus_t) { return ""; }
+"""
+
+KERNEL_RE = re.compile(r"_Z18flash_attn_ext_vecILi(\d+)ELi(\d+)EL9ggml_type(\d+)ELS0_(\d+)ELb([01])E")
+
+
+@dataclasses.dataclass
+class ResourceUsage:
+    """What ptxas -v reports for one kernel."""
+    registers: int = 0
+    stack: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+
+
+@dataclasses.dataclass
+class SassCounts:
+    """Instruction counts of one kernel's SASS, in all and in its main loop."""
+    instructions: int = 0
+    loop_instructions: int = 0
+    loop_ldl: int = 0
+    loop_stl: int = 0
+    loop_ldg_before_sts: int = 0
+    loop_ldg_after_sts: int = 0
+
+
+def parse_ptxas(text: str) -> dict[str, ResourceUsage]:
+    """ptxas -v output: per entry function, registers, stack frame and spills."""
+    out: dict[str, ResourceUsage] = {}
+    name = None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line) or re.search(r"Function properties for (\w+)", line)
+        if m:
+            name = m.group(1)
+            out.setdefault(name, ResourceUsage())
+            continue
+        if name is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            out[name].stack, out[name].spill_stores, out[name].spill_loads = map(int, m.groups())
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            out[name].registers = int(m.group(1))
+    return out
+
+
+_SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def split_sass(text: str) -> dict[str, list[tuple[int, str]]]:
+    """cuobjdump -sass output: per function, (address, instruction) in order."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            current = out.setdefault(m.group(1), [])
+            continue
+        m = _SASS_LINE.match(line)
+        if m and current is not None:
+            current.append((int(m.group(1), 16), m.group(2).strip()))
+    return out
+
+
+def _opcode(instr: str) -> str:
+    words = instr.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0] if words else ""
+
+
+def sass_stats(instrs: list[tuple[int, str]]) -> SassCounts:
+    """Counts over a function and over its main loop: the longest backward branch before the first
+    unconditional EXIT (later code holds the out-of-line paths of divergent shuffles, whose branches jump back)."""
+    stats = SassCounts(instructions=len(instrs))
+    exit_at = next((i for i, (_, ins) in enumerate(instrs) if _opcode(ins) == "EXIT" and not ins.startswith("@")),
+                   len(instrs))
+    lo = hi = None
+    for addr, ins in instrs[:exit_at]:
+        if not _opcode(ins).startswith("BRA"):
+            continue
+        m = re.search(r"0x([0-9a-f]+)", ins)
+        if m and int(m.group(1), 16) < addr and (lo is None or addr - int(m.group(1), 16) > hi - lo):
+            lo, hi = int(m.group(1), 16), addr
+    if lo is None:
+        return stats
+    seen_sts = False
+    for addr, ins in instrs:
+        if not lo <= addr <= hi:
+            continue
+        op = _opcode(ins)
+        stats.loop_instructions += 1
+        stats.loop_ldl += op.startswith("LDL")
+        stats.loop_stl += op.startswith("STL")
+        seen_sts = seen_sts or op.startswith("STS")
+        if op.startswith("LDG"):
+            if seen_sts:
+                stats.loop_ldg_after_sts += 1
+            else:
+                stats.loop_ldg_before_sts += 1
+    return stats
+
+
+def ggml_type_names(tree: Path) -> dict[int, str]:
+    text = (tree / "ggml" / "include" / "ggml.h").read_text()
+    return {int(v): n.lower() for n, v in re.findall(r"GGML_TYPE_(\w+)\s*=\s*(\d+)", text)}
+
+
+def find_cuobjdump(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    tools = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "polyforge" / "tools"
+    wanted = ("cuobjdump", "nvdisasm")
+    if not all(sorted(tools.glob(f"**/bin/{tool}")) for tool in wanted):
+        tools.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--platform", "manylinux2014_x86_64", "--python-version", "3.12",
+                        *(f"nvidia-cuda-{tool}" for tool in wanted), "-d", str(tools)], check=True)
+        for wheel in tools.glob("nvidia_cuda_*.whl"):
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(tools / "x")
+    hits = {tool: sorted(tools.glob(f"**/bin/{tool}")) for tool in wanted}
+    if not all(hits.values()):
+        raise SystemExit("fattn_vec_stats: no cuobjdump on PATH and none in the PyPI wheels")
+    for paths in hits.values():
+        paths[-1].chmod(0o755)
+    return str(hits["cuobjdump"][-1])
+
+
+def compile_instance(tree: Path, instance: str, arch: str, defines: list[str], work: Path) -> tuple[Path, str]:
+    cuda_dir = tree / "ggml" / "src" / "ggml-cuda"
+    source = cuda_dir / "template-instances" / f"fattn-vec-instance-{instance}.cu"
+    if not source.is_file():
+        raise SystemExit(f"fattn_vec_stats: no {source.relative_to(tree)}")
+    (work / "cublas_v2.h").write_text(CUBLAS_STUB)
+    obj = work / f"{instance}.o"
+    cmd = ["nvcc", "-std=c++17", "-O3", f"-arch=sm_{arch}", "--extended-lambda", f"-I{work}",
+           f"-I{tree / 'ggml' / 'include'}", f"-I{tree / 'ggml' / 'src'}", f"-I{cuda_dir}", "-DGGML_USE_CUDA",
+           *(f"-D{d}" for d in defines),
+           "-Xptxas", "-v", "-c", str(source), "-o", str(obj)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"fattn_vec_stats: nvcc failed ({proc.returncode})")
+    return obj, proc.stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("instance", help="fattn-vec-instance-NAME.cu: turbo3-turbo3, q8_0-turbo3, f16-f16, ...")
+    ap.add_argument("--tree", default=str(ROOT / "vendor" / "llama.cpp"))
+    ap.add_argument("--arch", default="90")
+    ap.add_argument("-D", dest="defines", action="append", default=[], help="extra macro for nvcc")
+    ap.add_argument("--filter", default="", help="regex over the printed kernel label, e.g. 'D=256 ncols=2'")
+    ap.add_argument("--softcap", action="store_true", help="also the logit-softcap variants")
+    ap.add_argument("--cuobjdump")
+    ap.add_argument("--keep", help="keep the object file in this folder")
+    args = ap.parse_args(argv)
+
+    tree = Path(args.tree)
+    names = ggml_type_names(tree)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.keep) if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        obj, ptxas_text = compile_instance(tree, args.instance, args.arch, args.defines, work)
+        cuobjdump = find_cuobjdump(args.cuobjdump)
+        # cuobjdump runs nvdisasm, found next to it (the PyPI wheels) or on PATH
+        env = dict(os.environ, PATH=os.pathsep.join([str(Path(cuobjdump).parent), os.environ.get("PATH", "")]))
+        proc = subprocess.run([cuobjdump, "-sass", str(obj)], capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"fattn_vec_stats: cuobjdump failed: {proc.stderr.strip()}")
+        sass_text = proc.stdout
+    ptxas = parse_ptxas(ptxas_text)
+    sass = split_sass(sass_text)
+
+    rows = []
+    for name, instrs in sass.items():
+        m = KERNEL_RE.match(name)
+        if not m:
+            continue
+        d, ncols, tk, tv, softcap = (int(g) for g in m.groups())
+        if softcap and not args.softcap:
+            continue
+        label = f"D={d} ncols={ncols} K={names.get(tk, tk)} V={names.get(tv, tv)}" + (" softcap" if softcap else "")
+        if not re.search(args.filter, label):
+            continue
+        rows.append((d, ncols, softcap, label, ptxas.get(name, ResourceUsage()), sass_stats(instrs)))
+    print(f"{'kernel':<44} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'instrs':>6} {'loop':>5} "
+          f"{'LDL/STL':>7} {'LDG pre/post KQ':>15}")
+    for *_, label, p, s in sorted(rows, key=lambda r: r[:3]):
+        print(f"{label:<44} {p.registers:>4} {p.stack:>5} {f'{p.spill_stores}/{p.spill_loads}':>11} "
+              f"{s.instructions:>6} {s.loop_instructions:>5} {f'{s.loop_ldl}/{s.loop_stl}':>7} "
+              f"{f'{s.loop_ldg_before_sts}/{s.loop_ldg_after_sts}':>15}")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
