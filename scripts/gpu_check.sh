@@ -5,10 +5,14 @@
 # and gitpython, gitdb and smmap wheels (`pip download --no-deps --only-binary=:all: -d .whl ...`).
 #
 #   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | heads | pp | agents
-#                                                | kld | kscale | ops-hadamard | gates | needle
+#                                                | kld | kscale | ops-hadamard | gates | needle | before
 #
 # heads reads HEADS (default 64 256 512) and TAG: decode at depth 0, 32k and 128k on the GQA-4 shapes of
 # issue 16 with those head sizes (16 layers; hd64 and hd256 at n_embd 2048, hd512 at 4096).
+# before reads BEFORE (a patch, e.g. 0084): unapplies the chain down to it and rebuilds the build's
+# llama-bench and llama-batched-bench in place (only what the newer patches touched recompiles); the phases
+# after it write to folders ending in -before. An A/B on one machine, e.g. `OUT build heads before heads`:
+# the build folder then holds the older chain under the newer key, so it is not one to keep.
 # agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072) and TAG (a suffix of its
 # output folder), so that one scenario can be repeated under other settings.
 # pp reads PROMPTS (default 16,32,64,512): prompt sizes at depth 0 and 32k.
@@ -35,6 +39,7 @@ pf() { "$py" -m polyforge "$@"; }
 key_file=build/gpu-check.key
 model_886m="random:n_layer=16,n_embd=2048,n_head=16,n_head_kv=8,n_ff=5632,n_vocab=32000,n_ctx=140000"
 ops() { "build/$(cat $key_file)/bin/test-backend-ops" "$@"; }
+ab=  # "-before" after the before phase
 summary() { echo "$1: $(grep -E '[0-9]+/[0-9]+ tests passed' "$2" | tail -1) (exit $3)" | tee -a "$out/summary.txt"; }
 
 for phase in "$@"; do
@@ -60,7 +65,7 @@ for phase in "$@"; do
     bench)  # the 886M hd128 shape of shared/measurements.md: decode at depth 0, 32k, 128k
       pf bench --build "$(cat $key_file)" -m "$model_886m" \
         --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 64 -r 2 \
-        --bandwidth 4800 --out "$out/bench" > "$out/bench.log" 2>&1
+        --bandwidth 4800 --out "$out/bench$ab" > "$out/bench$ab.log" 2>&1
       echo "bench: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     heads)
       for hd in ${HEADS:-64 256 512}; do
@@ -70,7 +75,7 @@ for phase in "$@"; do
           512) shape="n_embd=4096,n_head=8,n_head_kv=2" ;;
           *) echo "heads: no shape for head size $hd" >&2; continue ;;
         esac
-        tag=hd$hd${TAG:-}
+        tag=hd$hd${TAG:-}$ab
         pf bench --build "$(cat $key_file)" -m "random:n_layer=16,$shape,n_ff=5632,n_vocab=32000,n_ctx=140000" \
           --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 32 -r 2 \
           --bandwidth 4800 --out "$out/$tag" > "$out/$tag.log" 2>&1
@@ -79,10 +84,10 @@ for phase in "$@"; do
     pp)  # prompt processing at depth 0 and 32k, same model; batches on both sides of 0083's switch (32 queries)
       pf bench --build "$(cat $key_file)" -m "$model_886m" \
         --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768 --flags '-fa 1 -ngl 99' -p "${PROMPTS:-16,32,64,512}" -n 0 -r 2 \
-        --out "$out/pp" > "$out/pp.log" 2>&1
+        --out "$out/pp$ab" > "$out/pp$ab.log" 2>&1
       echo "pp: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     agents)  # B agents sharing a 32k or 128k prefix (the pool's case), same model
-      tag=agents${TAG:-}
+      tag=agents${TAG:-}$ab
       pf bench --build "$(cat $key_file)" -m "$model_886m" --agents "${AGENTS:-1,4,8,16,32}" \
         --prefix "${PREFIX:-32768,131072}" --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -n 64 \
         --out "$out/$tag" > "$out/$tag.log" 2>&1
@@ -142,6 +147,13 @@ for phase in "$@"; do
           done
         done
       done ;;
+    before)
+      pf unapply --to "${BEFORE:?before needs BEFORE=NNNN}" > "$out/before.log" 2>&1 &&
+        "$POLYFORGE_NINJA" -C "build/$(cat $key_file)" llama-bench llama-batched-bench >> "$out/before.log" 2>&1
+      rc=$?
+      ab=-before
+      echo "before $BEFORE: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+      [ $rc = 0 ] || exit 1 ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
