@@ -21,12 +21,13 @@ import argparse
 import dataclasses
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from polyforge import proc
+from polyforge.project import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,16 +165,18 @@ def ggml_type_names(tree: Path) -> dict[int, str]:
 def find_cuobjdump(explicit: str | None) -> str:
     if explicit:
         return explicit
-    found = shutil.which("cuobjdump")
+    found = proc.which("cuobjdump")
     if found:
         return found
-    tools = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "polyforge" / "tools"
+    tools = cache_dir() / "tools"
     wanted = ("cuobjdump", "nvdisasm")
     if not all(sorted(tools.glob(f"**/bin/{tool}")) for tool in wanted):
         tools.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--platform", "manylinux2014_x86_64", "--python-version", "3.12",
-                        *(f"nvidia-cuda-{tool}" for tool in wanted), "-d", str(tools)], check=True)
+        done = proc.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                         "--platform", "manylinux2014_x86_64", "--python-version", "3.12",
+                         *(f"nvidia-cuda-{tool}" for tool in wanted), "-d", tools])
+        if done.returncode != 0:
+            raise SystemExit(f"fattn_vec_stats: pip download failed: {done.stderr.strip()[-2000:]}")
         for wheel in tools.glob("nvidia_cuda_*.whl"):
             with zipfile.ZipFile(wheel) as z:
                 z.extractall(tools / "x")
@@ -196,11 +199,11 @@ def compile_instance(tree: Path, instance: str, arch: str, defines: list[str], w
            f"-I{tree / 'ggml' / 'include'}", f"-I{tree / 'ggml' / 'src'}", f"-I{cuda_dir}", "-DGGML_USE_CUDA",
            *(f"-D{d}" for d in defines),
            "-Xptxas", "-v", "-c", str(source), "-o", str(obj)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"fattn_vec_stats: nvcc failed ({proc.returncode})")
-    return obj, proc.stderr
+    done = proc.run(cmd)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"fattn_vec_stats: nvcc failed ({done.returncode})")
+    return obj, done.stderr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         obj, ptxas_text = compile_instance(tree, args.instance, args.arch, args.defines, work)
         cuobjdump = find_cuobjdump(args.cuobjdump)
         # cuobjdump runs nvdisasm, found next to it (the PyPI wheels) or on PATH
-        env = dict(os.environ, PATH=os.pathsep.join([str(Path(cuobjdump).parent), os.environ.get("PATH", "")]))
-        proc = subprocess.run([cuobjdump, "-sass", str(obj)], capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise SystemExit(f"fattn_vec_stats: cuobjdump failed: {proc.stderr.strip()}")
-        sass_text = proc.stdout
+        path = os.pathsep.join([str(Path(cuobjdump).parent), os.environ.get("PATH", "")])
+        done = proc.run([cuobjdump, "-sass", obj], env={"PATH": path})
+        if done.returncode != 0:
+            raise SystemExit(f"fattn_vec_stats: cuobjdump failed: {done.stderr.strip()}")
+        sass_text = done.stdout
     ptxas = parse_ptxas(ptxas_text)
     sass = split_sass(sass_text)
 

@@ -37,7 +37,9 @@ export PYTHONPATH="$site:$PWD"
 export POLYFORGE_CMAKE=${POLYFORGE_CMAKE:-$(command -v cmake)} POLYFORGE_NINJA=${POLYFORGE_NINJA:-$(command -v ninja)}
 pf() { "$py" -m polyforge "$@"; }
 key_file=build/gpu-check.key
-model_886m="random:n_layer=16,n_embd=2048,n_head=16,n_head_kv=8,n_ff=5632,n_vocab=32000,n_ctx=140000"
+# the random 16-layer llama shapes of issue 16, by their attention dimensions
+random_model() { echo "random:n_layer=16,$1,n_ff=5632,n_vocab=32000,n_ctx=140000"; }
+model_886m=$(random_model n_embd=2048,n_head=16,n_head_kv=8)
 ops() { "build/$(cat $key_file)/bin/test-backend-ops" "$@"; }
 ab=  # "-before" after the before phase
 summary() { echo "$1: $(grep -E '[0-9]+/[0-9]+ tests passed' "$2" | tail -1) (exit $3)" | tee -a "$out/summary.txt"; }
@@ -76,7 +78,7 @@ for phase in "$@"; do
           *) echo "heads: no shape for head size $hd" >&2; continue ;;
         esac
         tag=hd$hd${TAG:-}$ab
-        pf bench --build "$(cat $key_file)" -m "random:n_layer=16,$shape,n_ff=5632,n_vocab=32000,n_ctx=140000" \
+        pf bench --build "$(cat $key_file)" -m "$(random_model "$shape")" \
           --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 32 -r 2 \
           --bandwidth 4800 --out "$out/$tag" > "$out/$tag.log" 2>&1
         echo "$tag: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
