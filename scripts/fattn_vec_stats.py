@@ -56,7 +56,7 @@ static inline cublasStatus_t cublasDestroy(cublasHandle_t) { return 0; }
 static inline const char * cublasGetStatusString(cublasStatus_t) { return ""; }
 """
 
-KERNEL_RE = re.compile(r"_Z18flash_attn_ext_vecILi(\d+)ELi(\d+)EL9ggml_type(\d+)ELS0_(\d+)ELb([01])E")
+KERNEL_RE = re.compile(r"_Z18flash_attn_ext_vecILi(\d+)ELi(\d+)EL9ggml_type(\d+)ELS0_(\d+)ELb([01])E(?:Li(\d+)E)?")
 
 
 @dataclasses.dataclass
@@ -239,17 +239,17 @@ def main(argv: list[str] | None = None) -> int:
         m = KERNEL_RE.match(name)
         if not m:
             continue
-        d, ncols, tk, tv, softcap = (int(g) for g in m.groups())
+        d, ncols, tk, tv, softcap, ncols2 = (int(g or 1) for g in m.groups())
         if softcap and not args.softcap:
             continue
-        label = f"D={d} ncols={ncols} K={names.get(tk, tk)} V={names.get(tv, tv)}" + (" softcap" if softcap else "")
+        label = f"D={d} ncols={ncols}" + (f" heads={ncols2}" if ncols2 > 1 else "") + f" K={names.get(tk, tk)} V={names.get(tv, tv)}" + (" softcap" if softcap else "")
         if not re.search(args.filter, label):
             continue
         rows.append((d, ncols, softcap, label, ptxas.get(name, ResourceUsage()), sass_stats(instrs)))
-    print(f"{'kernel':<44} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'instrs':>6} {'loop':>5} "
+    print(f"{'kernel':<48} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'instrs':>6} {'loop':>5} "
           f"{'LDL/STL':>7} {'LDG pre/post KQ':>15}")
     for *_, label, p, s in sorted(rows, key=lambda r: r[:3]):
-        print(f"{label:<44} {p.registers:>4} {p.stack:>5} {f'{p.spill_stores}/{p.spill_loads}':>11} "
+        print(f"{label:<48} {p.registers:>4} {p.stack:>5} {f'{p.spill_stores}/{p.spill_loads}':>11} "
               f"{s.instructions:>6} {s.loop_instructions:>5} {f'{s.loop_ldl}/{s.loop_stl}':>7} "
               f"{f'{s.loop_ldg_before_sts}/{s.loop_ldg_after_sts}':>15}")
     return 0 if rows else 1

@@ -13,8 +13,10 @@
 # llama-bench and llama-batched-bench in place (only what the newer patches touched recompiles); the phases
 # after it write to folders ending in -before. An A/B on one machine, e.g. `OUT build heads before heads`:
 # the build folder then holds the older chain under the newer key, so it is not one to keep.
-# agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072) and TAG (a suffix of its
-# output folder), so that one scenario can be repeated under other settings.
+# agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072), ROUNDS (default 1: medians
+# of that many runs), SHAPE (attention dims of another random shape, e.g. n_embd=2048,n_head=32,n_head_kv=8;
+# default the 886M's) and TAG (a suffix of its output folder), so that one scenario can be repeated under
+# other settings.
 # pp reads PROMPTS (default 16,32,64,512): prompt sizes at depth 0 and 32k.
 #
 # kld reads KLD_MODELS (GGUF paths, space-separated): the turbo-kld protocol (ctx 1024, 12 chunks of
@@ -90,8 +92,9 @@ for phase in "$@"; do
       echo "pp: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     agents)  # B agents sharing a 32k or 128k prefix (the pool's case), same model
       tag=agents${TAG:-}$ab
-      pf bench --build "$(cat $key_file)" -m "$model_886m" --agents "${AGENTS:-1,4,8,16,32}" \
-        --prefix "${PREFIX:-32768,131072}" --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -n 64 \
+      model=$model_886m; [ -n "${SHAPE:-}" ] && model=$(random_model "$SHAPE")
+      pf bench --build "$(cat $key_file)" -m "$model" --agents "${AGENTS:-1,4,8,16,32}" \
+        --prefix "${PREFIX:-32768,131072}" --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -n 64 --rounds "${ROUNDS:-1}" \
         --out "$out/$tag" > "$out/$tag.log" 2>&1
       echo "$tag: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     kld)

@@ -146,6 +146,10 @@ ints = lambda flag: [int(x) for x in arg(flag).split(",")]
 with open(__file__ + ".calls", "a") as f:
     f.write(" ".join(args) + "\\n")
 SPEED = {"f16": 100.0, "q8_0": 90.0, "q4_0": 80.0}
+# FAKE_BB_DRIFT=1.0,0.5,...: the machine's speed at the 1st, 2nd, ... call (decode t/s times that)
+import os
+drift = [float(x) for x in os.environ.get("FAKE_BB_DRIFT", "1").split(",")]
+call = sum(1 for _ in open(__file__ + ".calls")) - 1
 if arg("-ctk") not in SPEED:
     print(f"error while handling argument \\"-ctk\\": Unsupported cache type: {arg('-ctk')}", file=sys.stderr)
     sys.exit(1)
@@ -176,6 +180,7 @@ for pp in ints("-npp"):
             speed_tg = SPEED[arg("-ctk")] * pl / (1 + pp / 1000) / (1 if shared else 2)
             if arg("-ctk") == "q4_0":
                 speed_tg /= 1 + pl / 100
+            speed_tg *= drift[call % len(drift)]
             speed_pp = 10 * SPEED[arg("-ctk")]
             t_pp = (pp if shared else pl * pp) / speed_pp
             t_tg = pl * tg / speed_tg

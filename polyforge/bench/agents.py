@@ -31,7 +31,9 @@ What llama-batched-bench prints (tools/batched-bench/batched-bench.cpp), and wha
     two modes are not the same quantity. N_KV is the cells required, not measured.
 
 Each (flag set, prefix, KV pair) is one invocation with the whole -npl list; rows are keyed by
-(kv, flags, prefix, agents). matrix.py holds what the two scenarios share: the --kv/--ref and
+(kv, flags, prefix, agents). With --rounds R the whole scenario runs R times (KV pairs in alternating
+order) and each row is the rounds' median: on a GPU the same decode can move by 10-20 % between
+runs, more than a ratio of one run can be trusted for. matrix.py holds what the two scenarios share: the --kv/--ref and
 --flags checks, Row, BenchResult, invoke, add_ratios, the Column table, line_plot and save. The
 build and the model come from pipeline.run_agents; this module only measures and reports.
 
@@ -39,6 +41,7 @@ How a row gets its numbers (`run`):
   1. measured: `AgentRow.measured` reads one jsonl line of llama-batched-bench into a row;
   2. derived: `matrix.add_ratios` keyed by `AgentRow.point` on decode_ts (ratio to the reference
      KV pair at the same flags, prefix and B);
+  2b. with rounds: `median_rows` folds the rounds' rows into one each (medians; ratio_min/max);
   3. reported: `AgentsResult.as_dict` is bench.json and `--json`; `markdown` renders COLUMNS into
      bench.md (and the CLI's table); `plot` draws decode t/s against B.
 
@@ -56,8 +59,9 @@ from __future__ import annotations
 
 import json
 import shlex
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -82,10 +86,11 @@ class AgentsSpec:
     n_gen: int  # N: tokens each agent generates
     separate: bool = False  # B separate prompts (no -pps -kvu)
     flag_sets: tuple[str, ...] = ("",)
+    rounds: int = 1  # the whole scenario this many times; rows are the rounds' medians
 
     @staticmethod
     def make(kv: list[str], reference: str | None, agents: list[int], prefixes: list[int], n_gen: int,
-             separate: bool = False, flag_sets: list[str] | None = None) -> "AgentsSpec":
+             separate: bool = False, flag_sets: list[str] | None = None, rounds: int = 1) -> "AgentsSpec":
         pairs, reference = matrix.kv_pairs(kv, reference)
         if not agents or any(not 1 <= b <= MAX_AGENTS for b in agents):
             raise BadInput(f"--agents: a list of agent counts from 1 to {MAX_AGENTS}, e.g. 1,4,8,16,32")
@@ -93,8 +98,10 @@ class AgentsSpec:
             raise BadInput("--prefix: a list of positive prompt lengths in tokens, e.g. 32768,131072")
         if n_gen < 1:
             raise BadInput("-n: each agent must generate at least one token")
+        if rounds < 1:
+            raise BadInput("--rounds: at least one round")
         spec = AgentsSpec(pairs, reference, tuple(sorted(set(agents))), tuple(sorted(set(prefixes))), n_gen,
-                          separate, matrix.check_flag_sets(flag_sets))
+                          separate, matrix.check_flag_sets(flag_sets), rounds)
         if spec.n_ctx(spec.prefixes[-1]) > MAX_CELLS:
             raise BadInput(f"--prefix {spec.prefixes[-1]} with {spec.agents[-1]} agents needs "
                            f"{spec.n_ctx(spec.prefixes[-1])} KV cells; llama.cpp's context holds at most {MAX_CELLS}")
@@ -117,14 +124,14 @@ class AgentsSpec:
 
     def as_dict(self) -> dict:
         return {"kv": list(self.kv), "agents": list(self.agents), "prefixes": list(self.prefixes),
-                "n_gen": self.n_gen, "separate": self.separate, "flags": list(self.flag_sets)}
+                "n_gen": self.n_gen, "separate": self.separate, "flags": list(self.flag_sets), "rounds": self.rounds}
 
     @staticmethod
     def from_dict(data: dict) -> "AgentsSpec":
-        """From a whole bench.json."""
+        """From a whole bench.json (before rounds, one round)."""
         s = data["spec"]
         return AgentsSpec(tuple(s["kv"]), data["reference"], tuple(s["agents"]), tuple(s["prefixes"]), s["n_gen"],
-                          s["separate"], tuple(s["flags"]))
+                          s["separate"], tuple(s["flags"]), s.get("rounds", 1))
 
 
 @dataclass
@@ -142,6 +149,10 @@ class AgentRow(matrix.Row):
     decode_ts: float  # S_TG t/s: B*N tokens over T_TG, all agents together
     total_ts: float  # S t/s
     ratio: float | None = None  # decode_ts / the reference pair's at the same flags, prefix and B
+    # with more than one round: the times and speeds above are the rounds' medians, ratio the median of the
+    # rounds' ratios (each against the reference of its own round), and these its lowest and highest
+    ratio_min: float | None = field(default=None, metadata=matrix.OPTIONAL)
+    ratio_max: float | None = field(default=None, metadata=matrix.OPTIONAL)
 
     @staticmethod
     def measured(kv: str, flags: str, line: dict) -> "AgentRow":
@@ -178,15 +189,28 @@ def parse_jsonl(stdout: str) -> list[dict]:
 def run(exe: Path, model: Path, spec: AgentsSpec, out_dir: Path, *, timeout: float = 3600,
         log: Callable[[str], None] = lambda m: None) -> AgentsResult:
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[AgentRow] = []
     started = time.monotonic()
+    rounds = [_run_round(exe, model, spec, out_dir, n, timeout, log) for n in range(spec.rounds)]
+    rows = rounds[0] if spec.rounds == 1 else median_rows(rounds)
+    result = AgentsResult(spec, str(model), rows, round(time.monotonic() - started, 1))
+    matrix.save(result, out_dir, markdown(result), "decode_vs_agents.png", plot)
+    return result
+
+
+def _run_round(exe: Path, model: Path, spec: AgentsSpec, out_dir: Path, n: int, timeout: float,
+               log: Callable[[str], None]) -> list[AgentRow]:
+    """Round n: every flag set, prefix and KV pair, with its ratios. The KV pairs run in the opposite order in
+    odd rounds, so that a drift of the machine (clocks, heat) does not always favour the same pair."""
+    rows: list[AgentRow] = []
+    suffix = f"-r{n + 1}" if spec.rounds > 1 else ""
     for flags in spec.flag_sets:
         for prefix in spec.prefixes:
-            for pair in spec.kv:
-                what = f"{TOOL} {pair} P={prefix} {flags}".rstrip()
+            for pair in (spec.kv if n % 2 == 0 else spec.kv[::-1]):
+                what = f"{TOOL} {pair} P={prefix} {flags}".rstrip() + (f" round {n + 1}" if suffix else "")
                 log(f"{what} B={','.join(map(str, spec.agents))} -c {spec.n_ctx(prefix)}")
                 stdout, log_path = matrix.invoke(spec.argv(exe, model, pair, prefix, flags), out_dir,
-                                                 matrix.stem(pair, flags, f"p{prefix}"), f"{what} failed", timeout)
+                                                 matrix.stem(pair, flags, f"p{prefix}") + suffix, f"{what} failed",
+                                                 timeout)
                 lines: dict[int, dict] = {}  # B -> P's line (the first: with P = DRAIN_PP the drain's come next)
                 for ln in parse_jsonl(stdout):
                     if ln["pp"] == prefix:
@@ -197,9 +221,26 @@ def run(exe: Path, model: Path, spec: AgentsSpec, out_dir: Path, *, timeout: flo
                                              f"its context cannot hold, or lost the line) (log: {log_path})")
                 rows += [AgentRow.measured(pair, flags, lines[b]) for b in spec.agents]
     matrix.add_ratios(rows, spec.reference, key=AgentRow.point, value=lambda r: r.decode_ts)
-    result = AgentsResult(spec, str(model), rows, round(time.monotonic() - started, 1))
-    matrix.save(result, out_dir, markdown(result), "decode_vs_agents.png", plot)
-    return result
+    return rows
+
+
+MEDIAN_FIELDS = ("prompt_s", "prompt_ts", "decode_s", "decode_ts", "total_ts")
+
+
+def median_rows(rounds: list[list[AgentRow]]) -> list[AgentRow]:
+    """One row per (kv, flags, prefix, agents) from several rounds of the same rows: the median of each time and
+    speed, the median of the rounds' ratios and their range (the spread a ratio of one round can have)."""
+    by_key: dict[tuple, list[AgentRow]] = {}
+    for rows in rounds:
+        for r in rows:
+            by_key.setdefault((r.kv, *r.point()), []).append(r)
+    out = []
+    for same in by_key.values():
+        medians = {name: statistics.median(getattr(r, name) for r in same) for name in MEDIAN_FIELDS}
+        ratios = [r.ratio for r in same if r.ratio is not None]
+        ratio = dict(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios)) if ratios else {}
+        out.append(replace(same[0], **medians, **ratio))
+    return out
 
 
 # -- reporting -----------------------------------------------------------------------------
@@ -217,6 +258,8 @@ COLUMNS = (
     Column("prompt t/s", lambda r: cell(r.prompt_ts, ".2f")),
     Column("decode t/s", lambda r: cell(r.decode_ts, ".2f")),
     Column("ratio", lambda r: cell(r.ratio, ".3f")),
+    Column("ratio range", lambda r: f"{r.ratio_min:.3f}-{r.ratio_max:.3f}" if r.ratio_min is not None else "-",
+           when=lambda result: result.spec.rounds > 1),
 )
 
 
@@ -224,6 +267,9 @@ def markdown(result: AgentsResult) -> str:
     spec = result.spec
     title = (f"{_mode(spec)}; {spec.n_gen} tokens generated per agent; decode t/s is all agents together; "
              f"reference: `{spec.reference}` (ratio = decode t/s / reference decode t/s, same run)")
+    if spec.rounds > 1:
+        title += (f"; {spec.rounds} rounds, KV pairs in alternating order: t/s are the rounds' medians, ratio the "
+                  f"median of the rounds' ratios, ratio range their lowest and highest")
     rows = sorted(result.rows, key=lambda r: (r.flags, r.prefix, r.agents, r.kv))
     return "\n".join([title, "", *matrix.table(COLUMNS, result, rows)]) + "\n"
 

@@ -37,6 +37,8 @@ def bench(
                                          "comma-separated (default 32768)."),
     separate: bool = typer.Option(False, "--separate", help="With --agents: B separate P-token prompts, no shared "
                                   "prefix (no -pps -kvu)."),
+    rounds: int = typer.Option(1, "--rounds", help="With --agents: run the scenario this many times (KV pairs in "
+                               "alternating order) and report the medians and the range of the ratios."),
     build_key: Optional[str] = typer.Option(None, "--build"),
     cuda: bool = typer.Option(False, "--cuda"),
     arch: Optional[str] = typer.Option(None, "--arch"),
@@ -55,11 +57,11 @@ def bench(
                 raise BadInput(f"{option} is an option of the llama-bench matrix, not of --agents")
         prefixes = bench_lib.int_list("32768" if prefix is None else prefix, "--prefix")
         spec = agents_lib.AgentsSpec.make(kv, reference, bench_lib.int_list(agents, "--agents"), prefixes, n_gen,
-                                          separate, flags)
+                                          separate, flags, rounds)
         run, render = pipeline.run_agents, agents_lib.markdown
     else:
-        if prefix is not None or separate:
-            raise BadInput("--prefix and --separate go with --agents")
+        if prefix is not None or separate or rounds != 1:
+            raise BadInput("--prefix, --separate and --rounds go with --agents")
         depths = bench_lib.int_list("0,512" if depth is None else depth, "--depth")
         spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, bench_lib.int_list(prompts or "0", "-p"), n_gen,
                                         3 if repetitions is None else repetitions, bandwidth)

@@ -90,7 +90,7 @@ def test_agents_rows_ratios_markdown_and_plot(tmp_path):
     assert list(saved) == ["scenario", "reference", "spec", "model", "rows", "seconds"]
     assert saved["scenario"] == "agents" and saved["reference"] == "f16/f16"
     assert saved["spec"] == {"kv": ["f16/f16", "q8_0/q8_0", "q4_0/q4_0"], "agents": [1, 4, 8], "prefixes": [1000, 3000],
-                             "n_gen": 16, "separate": False, "flags": [""]}
+                             "n_gen": 16, "separate": False, "flags": [""], "rounds": 1}
     assert saved["rows"] == [r.as_dict() for r in result.rows]
     assert list(saved["rows"][0]) == ["kv", "flags", "prefix", "agents", "n_gen", "n_kv", "prompt_s", "prompt_ts",
                                       "decode_s", "decode_ts", "total_ts", "ratio"]
@@ -119,6 +119,33 @@ def test_separate_prompts(tmp_path):
     assert "| kv | flags | prefix | agents |" in md
     assert "| q8_0/q8_0 | -ub 256 | 1000 | 4 | 900.00 | 90.00 | 0.900 |" in md
     assert (tmp_path / "out" / "q8_0-q8_0-p1000-ub_256.log").is_file()
+
+
+def test_rounds_medians_and_ratio_range(tmp_path, monkeypatch):
+    """--rounds 3: the pairs alternate their order, each row is the rounds' median, its ratio the median of the
+    rounds' ratios (each against its own round's reference) with their range."""
+    # the fake machine's speed per call: round 1 f16 q8, round 2 q8 f16 (reversed), round 3 f16 q8
+    monkeypatch.setenv("FAKE_BB_DRIFT", "1.0,1.0,0.5,0.5,1.2,1.0")
+    result, calls = _run(tmp_path, kv=["f16/f16", "q8_0/q8_0"], agents=[4], prefixes=[1000], rounds=3)
+    assert [c.split()[c.split().index("-ctk") + 1] for c in calls] == ["f16", "q8_0", "q8_0", "f16", "f16", "q8_0"]
+    f16, q8 = (_row(result, kv, 1000, 4) for kv in ("f16/f16", "q8_0/q8_0"))
+    assert len(result.rows) == 2
+    assert f16.decode_ts == pytest.approx(200.0)  # 200, 100, 240
+    assert q8.decode_ts == pytest.approx(180.0)  # 180, 90, 180
+    assert q8.decode_s == pytest.approx(4 * 16 / 180.0, abs=1e-5)
+    assert (q8.ratio, q8.ratio_min, q8.ratio_max) == (pytest.approx(0.9), pytest.approx(0.75), pytest.approx(0.9))
+    assert (f16.ratio, f16.ratio_min, f16.ratio_max) == (1.0, 1.0, 1.0)
+    saved = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert saved["spec"]["rounds"] == 3 and saved["rows"][1]["ratio_min"] == pytest.approx(0.75)
+    assert agents.AgentsResult.from_dict(saved).as_dict() == saved
+    md = (tmp_path / "out" / "bench.md").read_text().splitlines()
+    assert "3 rounds, KV pairs in alternating order" in md[0]
+    assert md[2] == "| kv | prefix | agents | prompt t/s | decode t/s | ratio | ratio range |"
+    assert "| q8_0/q8_0 | 1000 | 4 | 900.00 | 180.00 | 0.900 | 0.750-0.900 |" in md
+    assert sorted(p.name for p in (tmp_path / "out").glob("q8_0*.log")) == [
+        f"q8_0-q8_0-p1000-r{n}.log" for n in (1, 2, 3)]
+    with pytest.raises(BadInput, match="--rounds: at least one round"):
+        _spec(rounds=0)
 
 
 def test_a_one_token_prefix(tmp_path):
@@ -195,7 +222,8 @@ def test_agents_cli(cli_build, tmp_path):
     (("--agents", "4", "--depth", "0"), "--depth is an option of the llama-bench matrix"),
     (("--agents", "4", "-r", "2"), "-r is an option of the llama-bench matrix"),
     (("--agents", "4", "-p", "512"), "-p is an option of the llama-bench matrix"),
-    (("--separate",), "--prefix and --separate go with --agents"),
+    (("--separate",), "--prefix, --separate and --rounds go with --agents"),
+    (("--rounds", "3"), "--prefix, --separate and --rounds go with --agents"),
 ])
 def test_agents_cli_bad_input(proj, args, fragment):
     assert_clean_error(run_cli("bench", *args, cwd=proj.root), 2, fragment)

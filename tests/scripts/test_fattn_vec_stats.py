@@ -64,4 +64,7 @@ def test_no_loop_no_loop_counts():
 
 
 def test_kernel_name_template_arguments():
-    assert stats.KERNEL_RE.match(NAME).groups() == ("128", "4", "44", "44", "0")
+    assert stats.KERNEL_RE.match(NAME).groups() == ("128", "4", "44", "44", "0", None)
+    # with the Q heads per block (ncols2) as the last template argument
+    name = "_Z18flash_attn_ext_vecILi64ELi4EL9ggml_type8ELS0_44ELb1ELi2EEvPKc"
+    assert stats.KERNEL_RE.match(name).groups() == ("64", "4", "8", "44", "1", "2")
