@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         d, ncols, tk, tv, softcap, ncols2 = (int(g or 1) for g in m.groups())
         if softcap and not args.softcap:
             continue
-        label = f"D={d} ncols={ncols}" + (f" heads={ncols2}" if ncols2 > 1 else "") + f" K={names.get(tk, tk)} V={names.get(tv, tv)}" + (" softcap" if softcap else "")
+        heads = f" heads={ncols2}" if ncols2 > 1 else ""  # Q heads of a GQA group per block
+        label = f"D={d} ncols={ncols}{heads} K={names.get(tk, tk)} V={names.get(tv, tv)}" + (" softcap" if softcap else "")
         if not re.search(args.filter, label):
             continue
         rows.append((d, ncols, softcap, label, ptxas.get(name, ResourceUsage()), sass_stats(instrs)))

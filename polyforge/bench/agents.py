@@ -33,9 +33,10 @@ What llama-batched-bench prints (tools/batched-bench/batched-bench.cpp), and wha
 Each (flag set, prefix, KV pair) is one invocation with the whole -npl list; rows are keyed by
 (kv, flags, prefix, agents). With --rounds R the whole scenario runs R times (KV pairs in alternating
 order) and each row is the rounds' median: on a GPU the same decode can move by 10-20 % between
-runs, more than a ratio of one run can be trusted for. matrix.py holds what the two scenarios share: the --kv/--ref and
---flags checks, Row, BenchResult, invoke, add_ratios, the Column table, line_plot and save. The
-build and the model come from pipeline.run_agents; this module only measures and reports.
+runs, more than one run's ratio can be trusted for. matrix.py holds what the two scenarios share:
+the --kv/--ref and --flags checks, Row, BenchResult, invoke, add_ratios, the Column table, line_plot
+and save. The build and the model come from pipeline.run_agents; this module only measures and
+reports.
 
 How a row gets its numbers (`run`):
   1. measured: `AgentRow.measured` reads one jsonl line of llama-batched-bench into a row;
