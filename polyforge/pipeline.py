@@ -18,7 +18,7 @@ from polyforge.upstream import vendor as vendor_lib
 from polyforge.chain import verify as verify_lib
 from polyforge.chain.engine import Chain
 from .errors import BadInput, PolyforgeError, VerificationFailed
-from .gates import runner
+from .gates import record, runner
 
 Log = Callable[[str], None]
 BuildFn = Callable[[Chain, build_lib.BuildOptions], build_lib.BuildResult]
@@ -41,8 +41,10 @@ def gate_options(gate: runner.Gate, options: build_lib.BuildOptions) -> build_li
 
 
 def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None = None, build_key: str | None = None,
-             log: Log = _quiet, build_fn: BuildFn = default_build, find_links: Path | None = None) -> runner.Verdict:
-    """Build (incrementally, or take --build KEY as it is), fetch models, run, judge."""
+             log: Log = _quiet, build_fn: BuildFn = default_build, find_links: Path | None = None,
+             rerun: bool = False) -> runner.Verdict:
+    """Build (incrementally, or take --build KEY as it is), fetch models, run, judge. A passing
+    verdict recorded on the same inputs (gates.record) is reused unless rerun."""
     project = chain.project
     gate = runner.find(project.gates_dir, name)
     options = options or build_lib.BuildOptions()
@@ -60,16 +62,27 @@ def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None 
         manifest = build_fn(chain, gate_options(gate, options)).manifest
     if not gate.applies_to(cuda):
         raise BadInput(f"gate {name} needs a {gate.build.requires} build; build {manifest.key} is not one")
-    paths = {}
+    paths, digests = {}, {}
     for model in gate.models:
         fetched = models_lib.fetch(model, find_links=find_links, vendored_tree=chain.tree.path)
         log(f"model {model}: {'cached' if fetched.cached else 'fetched'} {fetched.path}")
-        paths[model] = fetched.path
+        paths[model], digests[model] = fetched.path, fetched.sha256
     build_dir = manifest.build_dir
-    ctx = runner.GateContext(gate=gate, build_dir=build_dir, work_dir=build_dir / "gates" / name,
-                             gates_dir=project.gates_dir, project_root=project.root, models=paths, log=log,
-                             env=dict(gate.env))
-    return replace(runner.execute(ctx), build=manifest.key, live_tree=manifest.live_tree)
+    work_dir = build_dir / "gates" / name
+    inputs = record.gate_inputs(gate, project_root=project.root, gates_dir=project.gates_dir, build_dir=build_dir,
+                                build_key=manifest.key, live_tree=manifest.live_tree, models=digests,
+                                env=dict(gate.env))
+    if not rerun:
+        kept = record.load_passing(work_dir, inputs)
+        if kept is not None:
+            log(f"gate {name}: passed on the same inputs at {kept.reused_from}; that verdict stands "
+                "(--rerun runs it again)")
+            return kept
+    ctx = runner.GateContext(gate=gate, build_dir=build_dir, work_dir=work_dir, gates_dir=project.gates_dir,
+                             project_root=project.root, models=paths, log=log, env=dict(gate.env))
+    verdict = replace(runner.execute(ctx), build=manifest.key, live_tree=manifest.live_tree)
+    record.save(work_dir, inputs, verdict)
+    return verdict
 
 
 # -- bench ---------------------------------------------------------------------------------
@@ -147,7 +160,7 @@ def selected_gates(chain: Chain, names: list[str] | None, cuda: bool) -> list[st
 
 def up(chain: Chain, *, options: build_lib.BuildOptions, gates: list[str] | None = None, source: str | None = None,
        log: Log = _quiet, build_fn: BuildFn = default_build, find_links: Path | None = None,
-       on_step: Callable[[Step], None] | None = None, run_gates: bool = True) -> UpResult:
+       on_step: Callable[[Step], None] | None = None, run_gates: bool = True, rerun: bool = False) -> UpResult:
     """fetch -> apply -> verify-patches -> build -> gates; stops at the first failure."""
     names = selected_gates(chain, gates, options.cuda) if run_gates else []  # bad names fail before any work
     steps: list[Step] = []
@@ -192,7 +205,8 @@ def up(chain: Chain, *, options: build_lib.BuildOptions, gates: list[str] | None
 
     def gate_action(name: str):
         def action():
-            verdict = run_gate(chain, name, options=options, log=log, build_fn=build_fn, find_links=find_links)
+            verdict = run_gate(chain, name, options=options, log=log, build_fn=build_fn, find_links=find_links,
+                               rerun=rerun)
             failing = [e for e, r in verdict.thresholds.items() if not r["ok"]]
             error = verdict.error or (f"threshold failed: {failing[0]}" if failing else None)
             return verdict.exit_code, {"verdict": verdict.as_dict()}, error

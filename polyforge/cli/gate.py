@@ -44,11 +44,13 @@ def gate_run(
     arch: Optional[str] = typer.Option(None, "--arch"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j"),
     find_links: Optional[str] = typer.Option(None, "--find-links", help="Wheels folder for model packages."),
+    rerun: bool = typer.Option(False, "--rerun", help="Run it even when it passed on the same inputs before."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Run one gate: build what it needs, fetch its models, run, judge. Exit 0 only when ok."""
+    """Run one gate: build what it needs, fetch its models, run, judge. Exit 0 only when ok. A
+    passing verdict recorded on the same build, gate files, models and polyforge is reused."""
     chain = Chain(find_project())
-    verdict = pipeline.run_gate(chain, name, build_key=build_key, log=lambda m: say(f"[dim]{m}[/]"),
+    verdict = pipeline.run_gate(chain, name, build_key=build_key, log=lambda m: say(f"[dim]{m}[/]"), rerun=rerun,
                                 **build_and_model_args(cuda=cuda, arch=arch, jobs=jobs, find_links=find_links,
                                                        quiet=json_out))
     if json_out:

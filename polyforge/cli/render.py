@@ -79,8 +79,9 @@ def render_verdict(verdict: dict) -> None:
     """A gate's verdict (its as_dict) on stderr, for gate run and up."""
     # names, expressions and errors are data: "[q8_0/q8_0].kld_mean" must not be read as rich markup
     mark = "[green]PASS[/]" if verdict["ok"] else "[red]FAIL[/]"
+    reused = f", the verdict of {escape(verdict['reused_from'])}" if verdict.get("reused_from") else ""
     say(f"{mark} gate {escape(verdict['gate'])} (build {escape(str(verdict.get('build', '-')))}, "
-        f"{verdict.get('seconds', 0):.1f} s)")
+        f"{verdict.get('seconds', 0):.1f} s{reused})")
     if verdict.get("error"):
         say(f"  [red]error[/] {escape(verdict['error'])}")
     if verdict.get("output_tail"):

@@ -19,6 +19,7 @@ def up(
     arch: Optional[str] = typer.Option(None, "--arch"),
     gate: Optional[List[str]] = typer.Option(None, "--gate", help="Run these gates (default: every gate for this kind of build)."),
     no_gates: bool = typer.Option(False, "--no-gates", help="Stop after the build."),
+    rerun: bool = typer.Option(False, "--rerun", help="Run every gate, even one that passed on the same inputs before."),
     source: Optional[str] = typer.Option(None, "--source", help="Vendor source (see polyforge vendor fetch)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j"),
     find_links: Optional[str] = typer.Option(None, "--find-links", help="Wheels folder for model packages."),
@@ -37,7 +38,7 @@ def up(
 
     result = pipeline.up(chain, gates=[] if no_gates else gate, source=source,
                          log=lambda m: None if json_out else say(f"[dim]{m}[/]"), on_step=on_step,
-                         run_gates=not no_gates,
+                         run_gates=not no_gates, rerun=rerun,
                          **build_and_model_args(cuda=cuda, arch=arch, jobs=jobs, find_links=find_links,
                                                 quiet=json_out))
     if json_out:

@@ -266,6 +266,7 @@ class Verdict:
     seconds: float = 0.0
     build: str | None = None  # the build's key, and its live tree id (pipeline.run_gate)
     live_tree: str | None = None
+    reused_from: str | None = None  # when the recorded verdict of that time was reused (gates.record)
 
     @property
     def exit_code(self) -> int:
@@ -287,7 +288,16 @@ class Verdict:
         if self.build is not None:
             out["build"] = self.build
             out["live_tree"] = self.live_tree
+        if self.reused_from is not None:
+            out["reused_from"] = self.reused_from
         return out
+
+    @staticmethod
+    def from_dict(data: dict, *, reused_from: str | None = None) -> "Verdict":
+        """The verdict as_dict() wrote (a recorded one, gates.record)."""
+        return Verdict(str(data["gate"]), bool(data["ok"]), dict(data["metrics"]), dict(data["thresholds"]),
+                       data.get("error"), data.get("exit_code"), tuple(data.get("output_tail", ())),
+                       float(data.get("seconds", 0.0)), data.get("build"), data.get("live_tree"), reused_from)
 
 
 def judge(gate_name: str, metrics: Metrics, thresholds: tuple[str, ...] | list[str]) -> Verdict:

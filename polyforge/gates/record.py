@@ -1,0 +1,126 @@
+"""A gate's verdict kept with its build, next to a digest of what it was judged from.
+
+build/KEY/gates/NAME/verdict.json holds the last verdict of gate NAME on that build and the
+inputs it depended on:
+  - the build: its key, its live tree id, and the sha256 of every file in its bin/ (the
+    binaries and shared libraries the gate ran);
+  - the gate definitions and programs: every file under gates/ (thresholds live there), and
+    each file or folder its params name as {root}/PATH (a script, the vendored gguf-py);
+  - polyforge's own code (the gate kinds compute the metrics), and the versions of the
+    distributions the gate programs import;
+  - the models' sha256;
+  - the environment the commands see that can change a result (the gate's env, LLAMA_*,
+    GGML_*, CUDA_*, OMP_*), the Python and the platform.
+A passing verdict whose inputs are all unchanged is reused instead of running the gate again,
+the gates' counterpart of a build directory keyed by its inputs: `polyforge up` run twice, or
+the tests after the main command, judge each gate once. A failed verdict is never reused;
+`--rerun` runs a gate whatever is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import polyforge
+from ..hashing import sha256_bytes, sha256_file
+from ..textfile import write_text_atomic
+from . import GATE_MODULES
+from .runner import Gate, Verdict
+
+RECORD = "verdict.json"
+ENV_PREFIXES = ("LLAMA_", "GGML_", "CUDA_", "OMP_")
+_SKIPPED_DIRS = ("__pycache__",)
+_ROOT_PATH = re.compile(r"\{root\}/([^\s{}]+)")
+
+
+def files_digest(root: Path, pattern: str = "*") -> str:
+    """sha256 over the relative path and sha256 of every regular file under root matching pattern
+    (symlinks are skipped: what they point at is listed by its own name)."""
+    lines = []
+    for path in sorted(root.rglob(pattern)):
+        if path.is_symlink() or not path.is_file() or any(p in _SKIPPED_DIRS for p in path.parts):
+            continue
+        lines.append(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n")
+    return sha256_bytes("".join(lines).encode())
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _referenced(gate: Gate, project_root: Path) -> dict[str, str | None]:
+    """{root}/PATH in the gate's params: each path's digest (None: not there)."""
+    out: dict[str, str | None] = {}
+    for text in _strings(gate.params):
+        for rel in _ROOT_PATH.findall(text):
+            path = project_root / rel
+            out[rel] = (files_digest(path) if path.is_dir() else sha256_file(path) if path.is_file() else None)
+    return dict(sorted(out.items()))
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for dist in sorted(set(GATE_MODULES.values())):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def gate_inputs(gate: Gate, *, project_root: Path, gates_dir: Path, build_dir: Path, build_key: str,
+                live_tree: str | None, models: dict[str, str], env: dict[str, str]) -> dict:
+    """What the gate's verdict on this build depends on (models: name -> sha256)."""
+    seen_env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+    seen_env.update(env)
+    return {
+        "gate": gate.name,
+        "build": build_key,
+        "live_tree": live_tree,
+        "binaries": files_digest(build_dir / "bin"),
+        "gates": files_digest(gates_dir),
+        "referenced": _referenced(gate, project_root),
+        "polyforge": files_digest(Path(polyforge.__file__).parent, "*.py"),
+        "distributions": _versions(),
+        "models": dict(sorted(models.items())),
+        "env": dict(sorted(seen_env.items())),
+        "python": sys.version,
+        "platform": platform.platform(),
+    }
+
+
+def inputs_digest(inputs: dict) -> str:
+    return sha256_bytes(json.dumps(inputs, sort_keys=True).encode())
+
+
+def load_passing(work_dir: Path, inputs: dict) -> Verdict | None:
+    """The recorded verdict when it passed and its inputs equal these; else None (a record that
+    cannot be read is as good as none: the gate runs)."""
+    try:
+        data = json.loads((work_dir / RECORD).read_text(encoding="utf-8"))
+        if data.get("inputs_digest") != inputs_digest(inputs) or data["verdict"].get("ok") is not True:
+            return None
+        return Verdict.from_dict(data["verdict"], reused_from=str(data["recorded_at"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def save(work_dir: Path, inputs: dict, verdict: Verdict) -> None:
+    """Record the verdict (passing or not: a failure replaces an older pass)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    record = {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "inputs_digest": inputs_digest(inputs),
+              "inputs": inputs, "verdict": verdict.as_dict()}
+    write_text_atomic(work_dir / RECORD, json.dumps(record, indent=1) + "\n")
