@@ -73,7 +73,7 @@ def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None 
                                 build_key=manifest.key, live_tree=manifest.live_tree, models=digests,
                                 env=dict(gate.env))
     if not rerun:
-        kept = record.load_passing(work_dir, inputs)
+        kept = record.load_passing(work_dir, inputs, build_dir)
         if kept is not None:
             log(f"gate {name}: passed on the same inputs at {kept.reused_from}; that verdict stands "
                 "(--rerun runs it again)")
@@ -81,7 +81,7 @@ def run_gate(chain: Chain, name: str, *, options: build_lib.BuildOptions | None 
     ctx = runner.GateContext(gate=gate, build_dir=build_dir, work_dir=work_dir, gates_dir=project.gates_dir,
                              project_root=project.root, models=paths, log=log, env=dict(gate.env))
     verdict = replace(runner.execute(ctx), build=manifest.key, live_tree=manifest.live_tree)
-    record.save(work_dir, inputs, verdict)
+    record.save(work_dir, inputs, verdict, record.binaries(build_dir, ctx.binaries_used))
     return verdict
 
 

@@ -2,8 +2,9 @@
 
 build/KEY/gates/NAME/verdict.json holds the last verdict of gate NAME on that build and the
 inputs it depended on:
-  - the build: its key, its live tree id, and the sha256 of every file in its bin/ (the
-    binaries and shared libraries the gate ran);
+  - the build: its key, its live tree id, the sha256 of each binary the gate ran (those it
+    asked its context for: build.targets, {bin:NAME}) and of every shared library in bin/ (a
+    binary built later for another gate does not count);
   - the gate definitions and programs: every file under gates/ (thresholds live there), and
     each file or folder its params name as {root}/PATH (a script, the vendored gguf-py);
   - polyforge's own code (the gate kinds compute the metrics), and the versions of the
@@ -51,6 +52,15 @@ def files_digest(root: Path, pattern: str = "*") -> str:
     return sha256_bytes("".join(lines).encode())
 
 
+def binaries(build_dir: Path, names) -> dict[str, str | None]:
+    """sha256 of bin/NAME for each name (None: not there)."""
+    out: dict[str, str | None] = {}
+    for name in sorted(names):
+        path = build_dir / "bin" / name
+        out[name] = sha256_file(path) if path.is_file() else None
+    return out
+
+
 def _strings(value) -> list[str]:
     if isinstance(value, str):
         return [value]
@@ -90,7 +100,7 @@ def gate_inputs(gate: Gate, *, project_root: Path, gates_dir: Path, build_dir: P
         "gate": gate.name,
         "build": build_key,
         "live_tree": live_tree,
-        "binaries": files_digest(build_dir / "bin"),
+        "libraries": files_digest(build_dir / "bin", "*.so*"),
         "gates": files_digest(gates_dir),
         "referenced": _referenced(gate, project_root),
         "polyforge": files_digest(Path(polyforge.__file__).parent, "*.py"),
@@ -106,21 +116,24 @@ def inputs_digest(inputs: dict) -> str:
     return sha256_bytes(json.dumps(inputs, sort_keys=True).encode())
 
 
-def load_passing(work_dir: Path, inputs: dict) -> Verdict | None:
-    """The recorded verdict when it passed and its inputs equal these; else None (a record that
-    cannot be read is as good as none: the gate runs)."""
+def load_passing(work_dir: Path, inputs: dict, build_dir: Path) -> Verdict | None:
+    """The recorded verdict when it passed, its inputs equal these and the binaries it ran are the
+    same files; else None (a record that cannot be read is as good as none: the gate runs)."""
     try:
         data = json.loads((work_dir / RECORD).read_text(encoding="utf-8"))
         if data.get("inputs_digest") != inputs_digest(inputs) or data["verdict"].get("ok") is not True:
+            return None
+        ran = data["binaries"]
+        if not isinstance(ran, dict) or binaries(build_dir, ran) != ran:
             return None
         return Verdict.from_dict(data["verdict"], reused_from=str(data["recorded_at"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def save(work_dir: Path, inputs: dict, verdict: Verdict) -> None:
-    """Record the verdict (passing or not: a failure replaces an older pass)."""
+def save(work_dir: Path, inputs: dict, verdict: Verdict, ran: dict[str, str | None]) -> None:
+    """Record the verdict and the binaries it ran (passing or not: a failure replaces an older pass)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     record = {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "inputs_digest": inputs_digest(inputs),
-              "inputs": inputs, "verdict": verdict.as_dict()}
+              "inputs": inputs, "binaries": ran, "verdict": verdict.as_dict()}
     write_text_atomic(work_dir / RECORD, json.dumps(record, indent=1) + "\n")

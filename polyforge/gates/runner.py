@@ -322,6 +322,8 @@ class GateContext:
     # gate fails (only then: a gate may expect a command to fail)
     failure: str | None = None
     failure_tail: list[str] = field(default_factory=list)
+    # the build's binaries the gate asked for (bin() and {bin:NAME}): what its verdict was judged on
+    binaries_used: set[str] = field(default_factory=set)
 
     def note_failure(self, what: str, output: str) -> None:
         self.failure, self.failure_tail = what, output_tail(output)
@@ -337,6 +339,7 @@ class GateContext:
         if not path.is_file():
             raise BadInput(f"gate {self.gate.name}: the build has no {name}",
                            hint=f"add {name} to the gate's build.targets")
+        self.binaries_used.add(name)
         return path
 
     def model(self, name: str) -> Path:

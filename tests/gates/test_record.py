@@ -34,6 +34,8 @@ def counted(proj, monkeypatch):
     monkeypatch.setattr(models_lib, "fetch",
                         lambda name, **kw: models_lib.Fetched(name, model, sha["value"], True, 0.0))
     build_dir = fake_build(proj.root, "cpu-fake", {"counting": COUNTING})
+    (build_dir / "bin" / "libllama.so.0.0.1").write_bytes(b"\x7fELF 1")
+    (build_dir / "bin" / "libllama.so").symlink_to("libllama.so.0.0.1")
     write_gate(proj, ["value == 3"])
     runs_file = proj.root / "runs"
 
@@ -72,15 +74,17 @@ def test_a_passing_verdict_on_the_same_inputs_is_reused(counted):
     assert run(proj, rerun=True).reused_from is None and runs() == 2
 
 
-@pytest.mark.parametrize("change", ["binary", "new binary", "threshold", "gate data", "model", "env", "gate env",
-                                    "referenced"])
+@pytest.mark.parametrize("change", ["binary", "new library", "changed library", "threshold", "gate data", "model",
+                                    "env", "gate env", "referenced"])
 def test_any_changed_input_runs_the_gate_again(counted, monkeypatch, change):
     proj, build_dir, runs, sha = counted
     assert run(proj).ok and runs() == 1
     if change == "binary":
         write_script(build_dir / "bin" / "counting", COUNTING + "    # rebuilt\n")
-    elif change == "new binary":
+    elif change == "new library":
         (build_dir / "bin" / "libggml-cpu.so").write_bytes(b"\x7fELF")
+    elif change == "changed library":
+        (build_dir / "bin" / "libllama.so.0.0.1").write_bytes(b"\x7fELF 2")
     elif change == "threshold":
         write_gate(proj, ["value >= 3"])
     elif change == "gate data":
@@ -106,6 +110,27 @@ def test_unrelated_environment_does_not_matter(counted, monkeypatch):
     assert run(proj).reused_from is not None and runs() == 1
 
 
+def test_a_binary_the_gate_did_not_run_does_not_matter(counted):
+    """Another gate's target built into the same build later (up builds each gate's targets as it
+    reaches it) leaves this gate's verdict standing."""
+    proj, build_dir, runs, _ = counted
+    run(proj)
+    write_script(build_dir / "bin" / "test-turbo-kv", "print('other gate')\n")
+    assert run(proj).reused_from is not None and runs() == 1
+    saved = json.loads((build_dir / "gates" / "g" / record.RECORD).read_text())
+    assert list(saved["binaries"]) == ["counting"]
+
+
+def test_a_binary_that_is_gone_runs_the_gate(counted):
+    proj, build_dir, runs, _ = counted
+    run(proj)
+    saved = build_dir / "gates" / "g" / record.RECORD
+    data = json.loads(saved.read_text())
+    data["binaries"]["llama-server"] = "0" * 64  # as if the gate had also run one that is not there now
+    saved.write_text(json.dumps(data))
+    assert run(proj).reused_from is None and runs() == 2
+
+
 def test_a_failed_verdict_is_never_reused(counted):
     proj, build_dir, runs, _ = counted
     write_gate(proj, ["value == 4"])
@@ -122,14 +147,15 @@ def test_a_failed_verdict_is_never_reused(counted):
     assert run(proj).reused_from is None
 
 
-@pytest.mark.parametrize("damage", ["not json", "no verdict", "empty", "verdict not a mapping"])
+@pytest.mark.parametrize("damage", ["not json", "no verdict", "empty", "verdict not a mapping", "binaries not a mapping"])
 def test_a_broken_record_runs_the_gate(counted, damage):
     proj, build_dir, runs, _ = counted
     run(proj)
     saved = build_dir / "gates" / "g" / record.RECORD
     data = json.loads(saved.read_text())
     text = {"not json": "{", "no verdict": json.dumps({**data, "verdict": None}), "empty": "",
-            "verdict not a mapping": json.dumps({**data, "verdict": [1]})}[damage]
+            "verdict not a mapping": json.dumps({**data, "verdict": [1]}),
+            "binaries not a mapping": json.dumps({**data, "binaries": ["counting"]})}[damage]
     saved.write_text(text)
     verdict = run(proj)
     assert verdict.ok and verdict.reused_from is None
