@@ -3,7 +3,6 @@ with the fix."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import platform
 import shutil
@@ -14,7 +13,7 @@ from pathlib import Path
 from polyforge.build import cmake
 from polyforge.build import toolchain
 from polyforge.errors import BadInput, EnvironmentProblem
-from polyforge.gates import GATE_MODULES
+from polyforge.gates import GATE_MODULES, distribution_version
 from polyforge.project import find_project
 
 MIN_FREE_GIB = 10.0
@@ -110,10 +109,7 @@ def _gate_module(module: str, dist: str) -> Check:
     if importlib.util.find_spec(module) is None:
         return Check(name, False, "not importable (the gates' programs import it)",
                      f"pip install {dist} (a dependency of polyforge: reinstall it, pip install -e .)")
-    try:
-        version = importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:  # importable from a folder, not installed
-        version = "version unknown"
+    version = distribution_version(dist) or "version unknown"  # importable from a folder, not installed
     return Check(name, True, f"{dist} {version}")
 
 

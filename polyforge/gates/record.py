@@ -26,30 +26,17 @@ import platform
 import re
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 import polyforge
-from ..hashing import sha256_bytes, sha256_file
+from ..hashing import sha256_bytes, sha256_file, sha256_files
 from ..textfile import write_text_atomic
-from . import GATE_MODULES
+from . import GATE_MODULES, distribution_version
 from .runner import Gate, Verdict
 
 RECORD = "verdict.json"
 ENV_PREFIXES = ("LLAMA_", "GGML_", "CUDA_", "OMP_")
-_SKIPPED_DIRS = ("__pycache__",)
 _ROOT_PATH = re.compile(r"\{root\}/([^\s{}]+)")
-
-
-def files_digest(root: Path, pattern: str = "*") -> str:
-    """sha256 over the relative path and sha256 of every regular file under root matching pattern
-    (symlinks are skipped: what they point at is listed by its own name)."""
-    lines = []
-    for path in sorted(root.rglob(pattern)):
-        if path.is_symlink() or not path.is_file() or any(p in _SKIPPED_DIRS for p in path.parts):
-            continue
-        lines.append(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n")
-    return sha256_bytes("".join(lines).encode())
 
 
 def binaries(build_dir: Path, names) -> dict[str, str | None]:
@@ -77,18 +64,8 @@ def _referenced(gate: Gate, project_root: Path) -> dict[str, str | None]:
     for text in _strings(gate.params):
         for rel in _ROOT_PATH.findall(text):
             path = project_root / rel
-            out[rel] = (files_digest(path) if path.is_dir() else sha256_file(path) if path.is_file() else None)
+            out[rel] = (sha256_files(path) if path.is_dir() else sha256_file(path) if path.is_file() else None)
     return dict(sorted(out.items()))
-
-
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for dist in sorted(set(GATE_MODULES.values())):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
 
 
 def gate_inputs(gate: Gate, *, project_root: Path, gates_dir: Path, build_dir: Path, build_key: str,
@@ -100,11 +77,11 @@ def gate_inputs(gate: Gate, *, project_root: Path, gates_dir: Path, build_dir: P
         "gate": gate.name,
         "build": build_key,
         "live_tree": live_tree,
-        "libraries": files_digest(build_dir / "bin", "*.so*"),
-        "gates": files_digest(gates_dir),
+        "libraries": sha256_files(build_dir / "bin", "*.so*"),
+        "gates": sha256_files(gates_dir),
         "referenced": _referenced(gate, project_root),
-        "polyforge": files_digest(Path(polyforge.__file__).parent, "*.py"),
-        "distributions": _versions(),
+        "polyforge": sha256_files(Path(polyforge.__file__).parent, "*.py"),
+        "distributions": {dist: distribution_version(dist) for dist in sorted(set(GATE_MODULES.values()))},
         "models": dict(sorted(models.items())),
         "env": dict(sorted(seen_env.items())),
         "python": sys.version,

@@ -161,23 +161,6 @@ def test_a_broken_record_runs_the_gate(counted, damage):
     assert verdict.ok and verdict.reused_from is None
 
 
-def test_files_digest_sees_content_and_names(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "x.py").write_text("1")
-    first = record.files_digest(tmp_path)
-    assert record.files_digest(tmp_path) == first
-    (tmp_path / "a" / "x.py").write_text("2")
-    second = record.files_digest(tmp_path)
-    assert second != first
-    (tmp_path / "a" / "x.py").rename(tmp_path / "a" / "y.py")
-    assert record.files_digest(tmp_path) != second
-    (tmp_path / "a" / "__pycache__").mkdir()
-    (tmp_path / "a" / "__pycache__" / "y.pyc").write_bytes(b"\0")
-    third = record.files_digest(tmp_path)
-    (tmp_path / "a" / "__pycache__" / "y.pyc").write_bytes(b"\1")
-    assert record.files_digest(tmp_path) == third  # bytecode is not an input
-
-
 def test_the_cli_says_a_verdict_was_reused_and_reruns_on_request(counted):
     proj, _, runs, _ = counted
     write_gate(proj, ["value == 3"], models=())  # the CLI runs in a process of its own: no fake model there
