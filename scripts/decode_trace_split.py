@@ -5,7 +5,10 @@ The trace is scripts/cupti_trace.c's CSV (or any CSV with "Start (ns)", "Duratio
 decode steps are the stretches between the host's input copies (host-to-device memcpys that follow a
 kernel), after the last large device-to-host copy (llama-bench saving the prefilled state). Per step it
 prints the wall span, the GPU-busy time (union of the kernels' intervals: with PDL, kernels overlap),
-the idle time and the kernels by time.
+the idle time and the kernels by time, two ways: own time, each instant of GPU-busy time given to the
+earliest-started activity still running (a kernel launched with PDL starts early and waits for its
+predecessor, so that instant is the predecessor's work; own times add up to the busy time), and the
+launch-to-end durations, which count that wait too. Per step, with launches per step.
 
   decode_trace_split.py trace.csv [LABEL] [--skip N] [--top K]
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import heapq
 import sys
 
 
@@ -46,17 +50,43 @@ def decode_steps(rows: list[tuple[int, int, str]]) -> list[list[tuple[int, int, 
     return [rows[a:b + 1] for a, b in zip(starts, starts[1:])]
 
 
-def summarize(step: list[tuple[int, int, str]]) -> tuple[int, int, collections.Counter]:
-    """(span up to the next step's first copy, GPU-busy union, time by kernel) of one step."""
+def short_name(name: str) -> str:
+    return name.split("(")[0][:60]
+
+
+def own_times(acts: list[tuple[int, int, str]]) -> collections.Counter:
+    """Time by name, each busy instant given to the earliest-started activity still running then."""
+    points = sorted({t for start, dur, _ in acts for t in (start, start + dur)})
+    order = sorted(range(len(acts)), key=lambda i: acts[i][0])
+    running: list[tuple[int, int]] = []  # heap of (start, index)
+    own: collections.Counter = collections.Counter()
+    nxt = 0
+    for a, b in zip(points, points[1:]):
+        while nxt < len(order) and acts[order[nxt]][0] <= a:
+            heapq.heappush(running, (acts[order[nxt]][0], order[nxt]))
+            nxt += 1
+        while running and sum(acts[running[0][1]][:2]) <= a:  # ended
+            heapq.heappop(running)
+        if running:
+            own[short_name(acts[running[0][1]][2])] += b - a
+    return own
+
+
+def summarize(step: list[tuple[int, int, str]]) -> tuple[int, int, collections.Counter, collections.Counter,
+                                                          collections.Counter]:
+    """(span up to the next step's first copy, GPU-busy union, own time, launch-to-end time and launches by
+    name) of one step."""
     *acts, nxt = step
     busy, end = 0, 0
     by_name: collections.Counter = collections.Counter()
+    launches: collections.Counter = collections.Counter()
     for start, dur, name in acts:
         if start + dur > end:
             busy += start + dur - max(start, end)
             end = start + dur
-        by_name[name.split("(")[0][:60]] += dur
-    return nxt[0] - acts[0][0], busy, by_name
+        by_name[short_name(name)] += dur
+        launches[short_name(name)] += 1
+    return nxt[0] - acts[0][0], busy, own_times(acts), by_name, launches
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,11 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     busy = sum(s[1] for s in steps) / n
     print(f"== {args.label or args.trace}: {n} steps; per step {span / 1e3:.1f} us, GPU busy {busy / 1e3:.1f} us, "
           f"idle {(span - busy) / 1e3:.1f} us")
+    own: collections.Counter = collections.Counter()
     total: collections.Counter = collections.Counter()
+    launches: collections.Counter = collections.Counter()
     for s in steps:
-        total.update(s[2])
-    for name, ns in total.most_common(args.top):
-        print(f"   {ns / n / 1e3:9.1f} us  {name}")
+        own.update(s[2])
+        total.update(s[3])
+        launches.update(s[4])
+    print(f"   {'own us':>9}  {'launch-end':>10}  {'n':>4}  kernel")
+    for name, ns in own.most_common(args.top):
+        print(f"   {ns / n / 1e3:9.1f}  {total[name] / n / 1e3:10.1f}  {launches[name] / n:4.0f}  {name}")
     return 0
 
 

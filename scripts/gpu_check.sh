@@ -5,7 +5,8 @@
 # and gitpython, gitdb and smmap wheels (`pip download --no-deps --only-binary=:all: -d .whl ...`).
 #
 #   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | heads | pp | agents
-#                                                | kld | kscale | ops-hadamard | gates | needle | before
+#                                                | trace | ncu | kld | kscale | ops-hadamard | gates | needle
+#                                                | before
 #
 # heads reads HEADS (default 64 256 512) and TAG: decode at depth 0, 32k and 128k on the GQA-4 shapes of
 # issue 16 with those head sizes (16 layers; hd64 and hd256 at n_embd 2048, hd512 at 4096).
@@ -17,6 +18,10 @@
 # of that many runs), SHAPE (attention dims of another random shape, e.g. n_embd=2048,n_head=32,n_head_kv=8;
 # default the 886M's) and TAG (a suffix of its output folder), so that one scenario can be repeated under
 # other settings.
+# trace and ncu read DEPTH (default 131072) and KV (default "f16/f16 turbo3/turbo3 q8_0/turbo3"), on the 886M
+# shape: trace records a llama-bench decode with scripts/cupti_trace.c and splits it into steps
+# (decode_trace_split.py: own and launch-to-end time per kernel); ncu profiles two launches of the vector FA
+# kernel in the second decode step (ncu must be on PATH).
 # pp reads PROMPTS (default 16,32,64,512): prompt sizes at depth 0 and 32k.
 #
 # kld reads KLD_MODELS (GGUF paths, space-separated): the turbo-kld protocol (ctx 1024, 12 chunks of
@@ -129,6 +134,32 @@ for phase in "$@"; do
         done
       done
       unset LLAMA_ATTN_K_SCALE_DISABLE ;;
+    trace|ncu)  # one decode step's kernels (trace) / the FA kernel's counters (ncu), same model, at DEPTH
+      model=$(pf models fetch "$model_886m" > /dev/null && pf models path "$model_886m")
+      bench_bin="build/$(cat $key_file)/bin/llama-bench"
+      bench_args=(-m "$model" -p 0 -d "${DEPTH:-131072}" -fa 1 -ngl 99 -r 1 --no-warmup)
+      if [ $phase = trace ] && [ ! -f /tmp/libcupti_trace.so ]; then
+        cupti_h=$(find / -name cupti.h -path '*include*' 2>/dev/null | head -1)
+        cupti_so=$(find / -name 'libcupti.so*' 2>/dev/null | head -1)
+        gcc -O2 -shared -fPIC -o /tmp/libcupti_trace.so scripts/cupti_trace.c -I"$(dirname "$cupti_h")" \
+          -I"$(dirname "$(command -v nvcc)")/../include" -L"$(dirname "$cupti_so")" -lcupti -Wl,-rpath,"$(dirname "$cupti_so")"
+      fi
+      for kv in ${KV:-f16/f16 turbo3/turbo3 q8_0/turbo3}; do
+        tag=$phase-${kv/\//-}$ab
+        if [ $phase = trace ]; then
+          CUDA_INJECTION64_PATH=/tmp/libcupti_trace.so CUPTI_TRACE_OUT="$out/$tag.csv" \
+            "$bench_bin" "${bench_args[@]}" -n 8 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
+          "$py" scripts/decode_trace_split.py "$out/$tag.csv" "$kv" --skip 2 --top 16 > "$out/$tag.txt" 2>> "$out/$tag.log"
+          rc=$?; xz -f "$out/$tag.csv"
+        else  # the second decode step's first two FA launches (the vector kernel decodes one token)
+          ncu -f -o "$out/$tag" --kernel-name regex:flash_attn_ext_vec --launch-skip 16 --launch-count 2 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+            --section Occupancy --section LaunchStats --section InstructionStats --section ComputeWorkloadAnalysis \
+            "$bench_bin" "${bench_args[@]}" -n 2 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
+          rc=$?; ncu --import "$out/$tag.ncu-rep" --page details > "$out/$tag.txt" 2>> "$out/$tag.log"
+        fi
+        echo "$tag: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+      done ;;
     ops-hadamard)  # the FWHT mul_mat hints, plain and scaled (0081's per-KV-head rotation)
       ops -o MUL_MAT_HADAMARD,MUL_MAT_SCALED_HADAMARD -b CUDA0 > "$out/ops-hadamard.log" 2>&1
       summary "MUL_MAT HADAMARD" "$out/ops-hadamard.log" $? ;;

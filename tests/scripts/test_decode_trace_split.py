@@ -1,4 +1,5 @@
-"""scripts/decode_trace_split.py on a synthetic trace: steps, GPU-busy union under overlap, idle time."""
+"""scripts/decode_trace_split.py on a synthetic trace: steps, GPU-busy union under overlap, idle time, own
+time by kernel."""
 
 from __future__ import annotations
 
@@ -30,10 +31,27 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 def test_steps_busy_union_and_idle(tmp_path: Path):
     out = _run(str(_trace(tmp_path)), "synthetic", "--skip", "1")
     assert out.returncode == 0, out.stderr
-    head, *kernels = out.stdout.splitlines()
+    head, columns, *kernels = out.stdout.splitlines()
     # 4 complete steps, 1 skipped: a 1000 us step, busy 10 + 500 (union of 400 and 400 offset by 100) + 100
     assert head == "== synthetic: 3 steps; per step 1000.0 us, GPU busy 610.0 us, idle 390.0 us"
-    assert kernels[0].split() == ["400.0", "us", "flash_attn_ext_vec<128>"]
+    assert columns.split() == ["own", "us", "launch-end", "n", "kernel"]
+    rows = {r.split()[3]: [float(x) for x in r.split()[:3]] for r in kernels}
+    # the combine kernel waited 300 us for its predecessor: its own time is the 100 us after the FA kernel ended
+    assert rows["flash_attn_ext_vec<128>"] == [400.0, 400.0, 1.0]
+    assert rows["flash_attn_combine_results<128>"] == [100.0, 400.0, 1.0]
+    assert rows["rms_norm_f32"] == [100.0, 100.0, 1.0]
+    assert sum(own for own, _, _ in rows.values()) == 610.0  # own times add up to the busy time
+    assert kernels[0].split()[3] == "flash_attn_ext_vec<128>"
+
+
+def test_own_time_goes_to_the_earliest_started_activity():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("decode_trace_split", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # a is running when b and c start; c ends first, inside a; b outlives a; then a gap; then d alone
+    acts = [(0, 100, "a(x)"), (10, 150, "b(x)"), (20, 30, "c(x)"), (300, 5, "d(x)")]
+    assert mod.own_times(acts) == {"a": 100, "b": 60, "d": 5}
 
 
 def test_no_steps_is_an_error(tmp_path: Path):
