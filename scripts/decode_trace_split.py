@@ -57,18 +57,19 @@ def short_name(name: str) -> str:
 def own_times(acts: list[tuple[int, int, str]]) -> collections.Counter:
     """Time by name, each busy instant given to the earliest-started activity still running then."""
     points = sorted({t for start, dur, _ in acts for t in (start, start + dur)})
-    order = sorted(range(len(acts)), key=lambda i: acts[i][0])
-    running: list[tuple[int, int]] = []  # heap of (start, index)
+    by_start = sorted(acts, key=lambda act: act[0])  # stable: equal starts keep the trace's order
+    running: list[tuple[int, int, int, str]] = []  # heap of (start, order, end, name)
     own: collections.Counter = collections.Counter()
-    nxt = 0
+    started = 0
     for a, b in zip(points, points[1:]):
-        while nxt < len(order) and acts[order[nxt]][0] <= a:
-            heapq.heappush(running, (acts[order[nxt]][0], order[nxt]))
-            nxt += 1
-        while running and sum(acts[running[0][1]][:2]) <= a:  # ended
+        while started < len(by_start) and by_start[started][0] <= a:
+            start, dur, name = by_start[started]
+            heapq.heappush(running, (start, started, start + dur, short_name(name)))
+            started += 1
+        while running and running[0][2] <= a:  # ended
             heapq.heappop(running)
         if running:
-            own[short_name(acts[running[0][1]][2])] += b - a
+            own[running[0][3]] += b - a
     return own
 
 
@@ -77,16 +78,13 @@ def summarize(step: list[tuple[int, int, str]]) -> tuple[int, int, collections.C
     """(span up to the next step's first copy, GPU-busy union, own time, launch-to-end time and launches by
     name) of one step."""
     *acts, nxt = step
-    busy, end = 0, 0
+    own = own_times(acts)  # every busy instant once: the GPU-busy union
     by_name: collections.Counter = collections.Counter()
     launches: collections.Counter = collections.Counter()
-    for start, dur, name in acts:
-        if start + dur > end:
-            busy += start + dur - max(start, end)
-            end = start + dur
+    for _, dur, name in acts:
         by_name[short_name(name)] += dur
         launches[short_name(name)] += 1
-    return nxt[0] - acts[0][0], busy, own_times(acts), by_name, launches
+    return nxt[0] - acts[0][0], sum(own.values()), own, by_name, launches
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ time by kernel."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,6 @@ def test_steps_busy_union_and_idle(tmp_path: Path):
 
 
 def test_own_time_goes_to_the_earliest_started_activity():
-    import importlib.util
     spec = importlib.util.spec_from_file_location("decode_trace_split", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
