@@ -14,7 +14,8 @@ llama arch; NEOX: (i, i + d/2), Gemma), the RoPE base and the sliding window com
   out     relative error of the attention output sum_j p_ij v_j (V kept exact): sqrt(sum|do|^2 / sum|o|^2)
   logit   RMS error of the attention logits over the allowed (query, key) pairs
 
-Only K (and the matching Q transform) changes; V stays exact. The reference is f32 attention.
+Unless a value option says otherwise, only K (and the matching Q transform) changes and V stays exact. The
+reference is f32 attention.
 
 Key transforms (all exact in exact arithmetic, q.k = (q*s).(k/s)):
   scale=<kind>  per-RoPE-pair channel scale s (both channels of a RoPE pair share s),
@@ -42,6 +43,13 @@ Key transforms (all exact in exact arithmetic, q.k = (q*s).(k/s)):
   signs         random +-1 signs before the Hadamard rotation (a randomized Hadamard transform)
   ls            turbo scale d = <x,c>/|c|^2 (least squares) instead of the norm-keeping |x|/|c|
 
+Value options (the metric is then `out`; with key type f32 the keys are exact and only V changes):
+  vq=<type>     store V as the cache does with a quantized V type: Hadamard-rotated rows of <type>
+  voff=<kind>   a value offset mu left out of every stored value and added to the output (exact: a query's
+                probabilities sum to 1): mean (of the values after the first, calibration slice), grid0 (that
+                mean moved by the first value's coding error, so that the first value is on the grid), exact0
+                (no offset, the first value kept exact: a side copy)
+
 Usage examples:
   python scripts/key_quant_study.py --dump /tmp/keystudy/dump --validate-c build/cpu-0bf587e88990/bin/libggml-base.so
   python scripts/key_quant_study.py --dump /tmp/keystudy/dump --check-rope
@@ -49,6 +57,8 @@ Usage examples:
   python scripts/key_quant_study.py --dump /tmp/keystudy/dump --config turbo3:scale=smooth,calib=64 --config q4_0
   python scripts/key_quant_study.py --dump /tmp/smolstudy/dump --config turbo3:whiten,calib=512,pmean,nobos,sink=1
   python scripts/key_quant_study.py --dump /tmp/smolstudy/dump --stats     # rate-distortion statistics per layer
+  python scripts/key_quant_study.py --dump /tmp/smolstudy/dump --config f32:vq=turbo4,voff=grid0,calib=512 \
+      --config f32:vq=q4_0,calib=512 --ref f32:vq=q4_0,calib=512     # values only
   python scripts/key_quant_study.py --from-json /tmp/keystudy/main.json --per-layer "q4_0;turbo3"
   # end-to-end check of a static scale (Gemma: folded into q_norm/k_norm), then llama-perplexity on OUT:
   python scripts/key_quant_study.py --scaled-gguf ~/.cache/polyforge/models/gemma-3-270m-q4_k_m.gguf OUT.gguf
@@ -300,7 +310,7 @@ def parse_config(text):
     qtype, _, opts = text.partition(":")
     cfg = {"name": text, "qtype": qtype, "scale": "none", "calib": 64, "nobos": False, "mean": False,
            "sink": 0, "rot": None, "signs": False, "ls": False, "qquant": None, "alpha": 0.5,
-           "pmean": False, "whiten": False, "wreg": 1e-3}
+           "pmean": False, "whiten": False, "wreg": 1e-3, "vq": "f32", "voff": "none"}
     if qtype not in BITS_PER_VALUE:
         raise SystemExit(f"unknown key type {qtype!r} in {text!r}")
     for o in filter(None, opts.split(",")):
@@ -321,10 +331,18 @@ def parse_config(text):
             cfg["wreg"] = float(v)
         elif k == "qquant":
             cfg["qquant"] = v
+        elif k == "vq":
+            if v not in BITS_PER_VALUE:
+                raise SystemExit(f"unknown value type {v!r} in {text!r}")
+            cfg["vq"] = v
+        elif k == "voff":
+            cfg["voff"] = v
         else:
             raise SystemExit(f"unknown option {o!r} in {text!r}")
     if cfg["scale"] not in ("none", "max", "rms", "sqrtrms", "smooth", "head"):
         raise SystemExit(f"unknown scale {cfg['scale']!r}")
+    if cfg["voff"] not in ("none", "mean", "grid0", "exact0"):
+        raise SystemExit(f"unknown value offset {cfg['voff']!r}")
     if cfg["mean"] and cfg["pmean"]:
         raise SystemExit(f"mean and pmean exclude each other in {text!r}")
     if cfg["whiten"] and cfg["scale"] != "none":
@@ -481,6 +499,31 @@ class Attn:
         p = p / ssum
         return lg, p, logp
 
+    def stored_v(self, v, cfg):
+        """V as attention reads it: rot(v - mu) quantized, un-rotated, mu added back (exact: the
+        probabilities of a query sum to 1). voff: mean = mu the mean of the values after the first
+        (calibration slice); grid0 = that mu moved by the first value's coding error, so that the
+        first value is stored on the V type's grid; exact0 = the first value kept exact (a side copy)."""
+        n = default_rot(self.d)
+        mu = np.zeros(self.d, dtype=F32)
+        if cfg["voff"] in ("mean", "grid0"):
+            sl = calib_slice(cfg, self.T)
+            sl = slice(max(sl.start, 1), sl.stop)
+            mu = v[sl].astype(np.float64).mean(axis=0).astype(F32)
+        x = rotate(v - mu[None, :], n)
+        if cfg["voff"] == "grid0":
+            x0 = x[:1]
+            x0q = quantize(x0, cfg["vq"])
+            # offset as stored: rot(mu') = rot(v0) - x0'
+            bias = rotate(v[:1], n) - x0q
+            x = rotate(v, n) - bias
+            mu = rotate(bias, n)[0]
+        xq = quantize(x, cfg["vq"])
+        if cfg["voff"] == "exact0":
+            xq = xq.copy()
+            xq[:1] = x[:1]
+        return rotate(xq, n) + mu[None, :]
+
     def evaluate(self, cfg, rng_signs):
         out = {"kl": 0.0, "out_num": 0.0, "out_den": 0.0, "logit_se": 0.0, "logit_n": 0}
         rot = cfg["rot"] if cfg["rot"] is not None else default_rot(self.d)
@@ -536,6 +579,8 @@ class Attn:
             out["logit_se"] += float(np.square(diff).sum(dtype=np.float64))
             out["logit_n"] += int(self.allowed.sum()) * self.g
             vv = self.v[:, hk, :]
+            if cfg["vq"] != "f32":
+                vv = self.stored_v(vv, cfg)
             o_ref = self.o_ref[hk]
             o = np.matmul(p, vv)
             out["out_num"] += float(((o - o_ref).astype(np.float64) ** 2).sum())

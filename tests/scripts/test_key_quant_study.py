@@ -152,3 +152,44 @@ def test_whiten_gain_matches_pair_gain_for_diagonal_moments(study):
     g_pair = np.sqrt(a * b).sum() ** 2 / (a.sum() * b.sum())
     g_mat = study.matrix_gain(np.diag(np.repeat(b, 2)), np.diag(np.repeat(a, 2)))
     assert abs(g_mat - g_pair) < 1e-9
+
+
+def _attn_with_values(study, seed, v_mean=4.0):
+    rng = np.random.default_rng(seed)
+    T, H, Hkv, d = 48, 4, 2, 64
+    kpre = rng.standard_normal((T, Hkv, d)).astype(np.float32)
+    pos = np.arange(T)
+    k = study.rope(kpre, pos, 1e4, "norm")
+    q = study.rope(rng.standard_normal((T, H, d)).astype(np.float32), pos, 1e4, "norm")
+    v = (rng.standard_normal((T, Hkv, d)) + v_mean * rng.standard_normal(d)).astype(np.float32)
+    return study.Attn(q, k, v, kpre, 0, 1 / 8, 1e4, "norm")
+
+
+@pytest.mark.parametrize("voff", ["none", "mean", "grid0", "exact0"])
+def test_value_offsets_are_exact(study, voff):
+    """with lossless value storage an offset left out of the values and added to the output changes nothing"""
+    att = _attn_with_values(study, 6)
+    r = att.evaluate(study.parse_config(f"f32:vq=f32,voff={voff},calib=0"), None)
+    assert r["out_num"] / r["out_den"] < 1e-10
+    r = att.evaluate(study.parse_config(f"f32:vq=f16,voff={voff},calib=0"), None)
+    assert 0 < r["out_num"] / r["out_den"] < 1e-6
+
+
+@pytest.mark.parametrize("qtype", ["turbo3", "turbo4"])
+def test_value_grid0_stores_the_first_value_exactly(study, qtype):
+    """grid0 moves the offset so that the first value is a fixed point of the V type"""
+    att = _attn_with_values(study, 7)
+    cfg = study.parse_config(f"f32:vq={qtype},voff=grid0,calib=0")
+    v = att.v[:, 0, :]
+    stored = att.stored_v(v, cfg)
+    np.testing.assert_allclose(stored[0], v[0], rtol=0, atol=1e-5 * np.abs(v[0]).max())
+    plain = att.stored_v(v, study.parse_config(f"f32:vq={qtype},calib=0"))
+    assert np.abs(plain[0] - v[0]).max() > 1e-3 * np.abs(v[0]).max()
+
+
+def test_value_mean_lowers_the_error_of_values_with_a_large_mean(study):
+    """the offset helps where the values share a large mean and no value dominates"""
+    att = _attn_with_values(study, 8, v_mean=6.0)
+    plain = att.evaluate(study.parse_config("f32:vq=turbo3,calib=0"), None)
+    mean = att.evaluate(study.parse_config("f32:vq=turbo3,voff=mean,calib=0"), None)
+    assert mean["out_num"] < 0.5 * plain["out_num"]
