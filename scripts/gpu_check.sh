@@ -63,8 +63,8 @@ for phase in "$@"; do
       rc=$?
       "$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$out/build.json" > $key_file 2>/dev/null
       echo "build: exit $rc, key $(cat $key_file 2>/dev/null), $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
-    ops-turbo)  # the chain's types: set-rows, copies, and FA with every turbo pair it builds
-      for op in SET_ROWS CPY GET_ROWS; do
+    ops-turbo)  # the chain's types: set-rows (also fused with the rotation), copies, and FA with every turbo pair it builds
+      for op in SET_ROWS CPY GET_ROWS HADAMARD_SET_ROWS; do
         ops -o $op -b CUDA0 -p turbo > "$out/ops-$op.log" 2>&1; summary "$op turbo" "$out/ops-$op.log" $?
       done
       ops -o FLASH_ATTN_EXT -b CUDA0 -p turbo > "$out/ops-fa-turbo.log" 2>&1
