@@ -510,14 +510,14 @@ class Attn:
             sl = calib_slice(cfg, self.T)
             sl = slice(max(sl.start, 1), sl.stop)
             mu = v[sl].astype(np.float64).mean(axis=0).astype(F32)
-        x = rotate(v - mu[None, :], n)
         if cfg["voff"] == "grid0":
-            x0 = x[:1]
-            x0q = quantize(x0, cfg["vq"])
-            # offset as stored: rot(mu') = rot(v0) - x0'
+            # offset as stored: rot(mu') = rot(v0) - x0', x0' the first value's round trip through the V type
+            x0q = quantize(rotate(v[:1] - mu[None, :], n), cfg["vq"])
             bias = rotate(v[:1], n) - x0q
-            x = rotate(v, n) - bias
+            x = rotate(v, n) - bias      # as the cache would store it: the first row is x0' exactly
             mu = rotate(bias, n)[0]
+        else:
+            x = rotate(v - mu[None, :], n)
         xq = quantize(x, cfg["vq"])
         if cfg["voff"] == "exact0":
             xq = xq.copy()
@@ -579,7 +579,7 @@ class Attn:
             out["logit_se"] += float(np.square(diff).sum(dtype=np.float64))
             out["logit_n"] += int(self.allowed.sum()) * self.g
             vv = self.v[:, hk, :]
-            if cfg["vq"] != "f32":
+            if cfg["vq"] != "f32" or cfg["voff"] != "none":
                 vv = self.stored_v(vv, cfg)
             o_ref = self.o_ref[hk]
             o = np.matmul(p, vv)
