@@ -6,7 +6,7 @@
 #
 #   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | heads | pp | agents
 #                                                | trace | ncu | kld | kscale | ops-hadamard | gates | needle
-#                                                | before
+#                                                | before | variant | use-base | use-variant
 #
 # heads reads HEADS (default 64 256 512) and TAG: decode at depth 0, 32k and 128k on the GQA-4 shapes of
 # issue 16 with those head sizes (16 layers; hd64 and hd256 at n_embd 2048, hd512 at 4096).
@@ -14,6 +14,12 @@
 # llama-bench and llama-batched-bench in place (only what the newer patches touched recompiles); the phases
 # after it write to folders ending in -before. An A/B on one machine, e.g. `OUT build heads before heads`:
 # the build folder then holds the older chain under the newer key, so it is not one to keep.
+# variant reads VARIANT_DEFS (nvcc flags, e.g. -DEXP_KNOB=1) and VARIANT_INSTANCES (fattn-vec instance names,
+# default the six with turbo V): it keeps the build's objects of those instances and compiles them once more
+# with the flags. use-base and use-variant put one set into the build and relink the CUDA library by hand
+# (ninja would compile a swapped-in object again from the tree: its deps-log entry is older than the
+# object), write the library's md5 to the summary, and make later phases write to folders ending in -base or
+# -variant. An A/B of a compile-time knob on one machine, e.g. `OUT build variant use-base heads use-variant heads`.
 # agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072), ROUNDS (default 1: medians
 # of that many runs), SHAPE (attention dims of another random shape, e.g. n_embd=2048,n_head=32,n_head_kv=8;
 # default the 886M's) and TAG (a suffix of its output folder), so that one scenario can be repeated under
@@ -189,6 +195,37 @@ for phase in "$@"; do
       rc=$?
       ab=-before
       echo "before $BEFORE: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+      [ $rc = 0 ] || exit 1 ;;
+    variant)
+      : "${VARIANT_DEFS:?variant needs VARIANT_DEFS}"
+      B=build/$(cat $key_file); mkdir -p "$B/ab"
+      for t in ${VARIANT_INSTANCES:-turbo2-turbo2 turbo3-turbo3 turbo4-turbo4 q8_0-turbo2 q8_0-turbo3 q8_0-turbo4}; do
+        obj=ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/fattn-vec-instance-$t.cu.o
+        cp "$B/$obj" "$B/ab/base-$t.o" || exit 1
+        # the build's compile line with the flags added after the compiler and the output moved aside
+        cmd=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$obj" | tail -1)
+        cmd=$(echo "$cmd" | sed -e "s# -o [^ ]*# -o ab/variant-$t.o#" -e "s# -MF [^ ]*# -MF ab/variant-$t.d#" \
+          -e "s#\([^ ]*nvcc[^ ]*\) #\1 $VARIANT_DEFS #")
+        ( cd "$B" && eval "$cmd" ) > "$out/variant-$t.log" 2>&1 &
+      done
+      wait
+      rc=0; for t in ${VARIANT_INSTANCES:-turbo2-turbo2 turbo3-turbo3 turbo4-turbo4 q8_0-turbo2 q8_0-turbo3 q8_0-turbo4}; do
+        [ -f "$B/ab/variant-$t.o" ] || { rc=1; tail -5 "$out/variant-$t.log"; }
+      done
+      echo "variant ${VARIANT_DEFS}: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+      [ $rc = 0 ] || exit 1 ;;
+    use-base|use-variant)
+      side=${phase#use-}; B=build/$(cat $key_file)
+      for o in "$B"/ab/$side-*.o; do
+        t=${o##*/$side-}; t=${t%.o}
+        cp "$o" "$B/ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/fattn-vec-instance-$t.cu.o" || exit 1
+      done
+      lib=$(cd "$B" && ls bin/libggml-cuda.so.*.*.* | head -1)
+      link=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$lib" | tail -1)
+      ( cd "$B" && eval "$link" ) > "$out/relink-$side.log" 2>&1
+      rc=$?
+      ab=-$side
+      echo "use $side: exit $rc, libggml-cuda md5 $(md5sum < "$B/$lib" | cut -c1-12)" | tee -a "$out/summary.txt"
       [ $rc = 0 ] || exit 1 ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac

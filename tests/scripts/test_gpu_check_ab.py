@@ -1,0 +1,98 @@
+"""scripts/gpu_check.sh's variant / use-base / use-variant phases on a stand-in build folder (gcc as "nvcc",
+ninja from the environment): the variant is compiled with its flags, each side's library is what runs, and a
+swapped-in object survives (ninja would have compiled it again from the source)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
+INSTANCE_DIR = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances"
+LIB = "bin/libggml-cuda.so.0.1.0"
+
+pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
+
+
+def _ninja() -> str:
+    found = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
+    assert Path(found).exists(), "ninja is a dependency of polyforge"
+    return found
+
+
+def _build_folder(root: Path) -> Path:
+    """A build folder shaped like polyforge's CUDA build: two instance objects and the library they make."""
+    build = root / "build" / "cuda-test"
+    (build / "bin").mkdir(parents=True)
+    (root / "build" / "gpu-check.key").write_text("cuda-test\n")
+    src = root / "src"
+    src.mkdir()
+    fake_nvcc = root / "fake-nvcc"
+    fake_nvcc.write_text('#!/bin/sh\nexec gcc -fPIC "$@"\n')
+    fake_nvcc.chmod(0o755)
+    (src / "knob.h").write_text("#ifdef EXP_KNOB\n#define VALUE 2\n#else\n#define VALUE 1\n#endif\n")
+    rules = [
+        "rule nvcc\n  command = $nvcc -x c -I../../src -MD -MT $out -MF $out.d -o $out -c $in\n"
+        "  depfile = $out.d\n  deps = gcc\n",
+        "rule link\n  command = gcc -shared -o $out $in\n",
+        f"nvcc = {fake_nvcc}\n",
+    ]
+    objs = []
+    for name, fn in (("turbo3-turbo3", "value_t3"), ("q8_0-turbo3", "value_q8")):
+        (src / f"fattn-vec-instance-{name}.cu").write_text(f'#include "knob.h"\nint {fn}(void) {{ return VALUE; }}\n')
+        obj = f"{INSTANCE_DIR}/fattn-vec-instance-{name}.cu.o"
+        rules.append(f"build {obj}: nvcc ../../src/fattn-vec-instance-{name}.cu\n")
+        objs.append(obj)
+    rules.append(f"build {LIB}: link {' '.join(objs)}\n")
+    (build / "build.ninja").write_text("".join(rules))
+    subprocess.run([_ninja()], cwd=build, check=True, capture_output=True)
+    return build
+
+
+def _values(build: Path) -> tuple[int, int]:
+    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+            "print(lib.value_t3(), lib.value_q8())")
+    out = subprocess.run([sys.executable, "-c", code, str(build / LIB)], capture_output=True, text=True, check=True)
+    t3, q8 = out.stdout.split()
+    return int(t3), int(q8)
+
+
+def _gpu_check(root: Path, out: Path, *phases: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "POLYFORGE_NINJA": _ninja(), "PYTHON": sys.executable,
+           "VARIANT_DEFS": "-DEXP_KNOB=1", "VARIANT_INSTANCES": "turbo3-turbo3"}
+    return subprocess.run(["bash", str(SCRIPT), str(out), *phases], cwd=root, env=env, capture_output=True, text=True)
+
+
+def test_variant_and_both_sides(tmp_path: Path):
+    build = _build_folder(tmp_path)
+    assert _values(build) == (1, 1)
+    out = tmp_path / "out"
+
+    done = _gpu_check(tmp_path, out, "variant", "use-variant")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _values(build) == (2, 1)  # only the named instance, with the flags
+    # ninja would recompile the swapped object (its deps-log entry is older): the variant must survive
+    rebuilt = subprocess.run([_ninja(), "-n", "-d", "explain"], cwd=build, capture_output=True, text=True)
+    assert "deps info out of date" in rebuilt.stderr + rebuilt.stdout
+
+    done = _gpu_check(tmp_path, out, "use-base")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _values(build) == (1, 1)
+
+    summary = (out / "summary.txt").read_text().splitlines()
+    md5 = {line.split()[1].rstrip(":"): line.split()[-1] for line in summary if line.startswith("use ")}
+    assert set(md5) == {"variant", "base"} and md5["variant"] != md5["base"]
+
+
+def test_variant_needs_flags(tmp_path: Path):
+    _build_folder(tmp_path)
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "variant"], cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "POLYFORGE_NINJA": _ninja()},
+                          capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "variant needs VARIANT_DEFS" in done.stderr
+    assert not (tmp_path / "build" / "cuda-test" / "ab").exists()
