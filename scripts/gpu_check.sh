@@ -14,6 +14,8 @@
 # llama-bench and llama-batched-bench in place (only what the newer patches touched recompiles); the phases
 # after it write to folders ending in -before. An A/B on one machine, e.g. `OUT build heads before heads`:
 # the build folder then holds the older chain under the newer key, so it is not one to keep.
+# build reads BUILD_DIFF (a path under the repository): a device-only diff applied on top of the chain before
+# building, e.g. an experiment behind a macro for the variant phase; the tree then differs from the chain.
 # variant reads VARIANT_DEFS (nvcc flags, e.g. -DEXP_KNOB=1) and VARIANT_INSTANCES (fattn-vec instance names,
 # default the six with turbo V): it keeps the build's objects of those instances and compiles them once more
 # with the flags. use-base and use-variant put one set into the build and relink the CUDA library by hand
@@ -63,6 +65,7 @@ for phase in "$@"; do
     build)
       pf vendor fetch --source .whl/llama.tar.xz --force > "$out/build.log" 2>&1 &&
         pf apply >> "$out/build.log" 2>&1 &&
+        { [ -z "${BUILD_DIFF:-}" ] || ( cd vendor/llama.cpp && git apply "$OLDPWD/$BUILD_DIFF" ) >> "$out/build.log" 2>&1; } &&
         pf build --cuda --arch 90 --target test-backend-ops --target llama-bench --target llama-batched-bench \
           --target llama-perplexity --target llama-server \
           --json > "$out/build.json" 2>> "$out/build.log"
