@@ -17,7 +17,7 @@
 # build reads BUILD_DIFF (a path under the repository): a device-only diff applied on top of the chain before
 # building, e.g. an experiment behind a macro for the variant phase; the tree then differs from the chain.
 # variant reads VARIANT_DEFS (nvcc flags, e.g. -DEXP_KNOB=1) and VARIANT_INSTANCES (fattn-vec instance names,
-# default the six with turbo V): it keeps the build's objects of those instances and compiles them once more
+# default the six with turbo V; the use phases read it too): it keeps the build's objects of those instances and compiles them once more
 # with the flags. use-base and use-variant put one set into the build and relink the CUDA library by hand
 # (ninja would compile a swapped-in object again from the tree: its deps-log entry is older than the
 # object), write the library's md5 to the summary, and make later phases write to folders ending in -base or
@@ -57,6 +57,8 @@ random_model() { echo "random:n_layer=16,$1,n_ff=5632,n_vocab=32000,n_ctx=140000
 model_886m=$(random_model n_embd=2048,n_head=16,n_head_kv=8)
 ops() { "build/$(cat $key_file)/bin/test-backend-ops" "$@"; }
 ab=  # "-before" after the before phase
+variant_instances=${VARIANT_INSTANCES:-turbo2-turbo2 turbo3-turbo3 turbo4-turbo4 q8_0-turbo2 q8_0-turbo3 q8_0-turbo4}
+instance_obj() { echo "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/fattn-vec-instance-$1.cu.o"; }
 summary() { echo "$1: $(grep -E '[0-9]+/[0-9]+ tests passed' "$2" | tail -1) (exit $3)" | tee -a "$out/summary.txt"; }
 
 for phase in "$@"; do
@@ -202,27 +204,22 @@ for phase in "$@"; do
     variant)
       : "${VARIANT_DEFS:?variant needs VARIANT_DEFS}"
       B=build/$(cat $key_file); mkdir -p "$B/ab"
-      for t in ${VARIANT_INSTANCES:-turbo2-turbo2 turbo3-turbo3 turbo4-turbo4 q8_0-turbo2 q8_0-turbo3 q8_0-turbo4}; do
-        obj=ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/fattn-vec-instance-$t.cu.o
-        cp "$B/$obj" "$B/ab/base-$t.o" || exit 1
+      for t in $variant_instances; do
+        cp "$B/$(instance_obj $t)" "$B/ab/base-$t.o" || exit 1
         # the build's compile line with the flags added after the compiler and the output moved aside
-        cmd=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$obj" | tail -1)
+        cmd=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$(instance_obj $t)" | tail -1)
         cmd=$(echo "$cmd" | sed -e "s# -o [^ ]*# -o ab/variant-$t.o#" -e "s# -MF [^ ]*# -MF ab/variant-$t.d#" \
           -e "s#\([^ ]*nvcc[^ ]*\) #\1 $VARIANT_DEFS #")
         ( cd "$B" && eval "$cmd" ) > "$out/variant-$t.log" 2>&1 &
       done
       wait
-      rc=0; for t in ${VARIANT_INSTANCES:-turbo2-turbo2 turbo3-turbo3 turbo4-turbo4 q8_0-turbo2 q8_0-turbo3 q8_0-turbo4}; do
-        [ -f "$B/ab/variant-$t.o" ] || { rc=1; tail -5 "$out/variant-$t.log"; }
-      done
+      rc=0
+      for t in $variant_instances; do [ -f "$B/ab/variant-$t.o" ] || { rc=1; tail -5 "$out/variant-$t.log"; }; done
       echo "variant ${VARIANT_DEFS}: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
       [ $rc = 0 ] || exit 1 ;;
     use-base|use-variant)
       side=${phase#use-}; B=build/$(cat $key_file)
-      for o in "$B"/ab/$side-*.o; do
-        t=${o##*/$side-}; t=${t%.o}
-        cp "$o" "$B/ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/fattn-vec-instance-$t.cu.o" || exit 1
-      done
+      for t in $variant_instances; do cp "$B/ab/$side-$t.o" "$B/$(instance_obj $t)" || exit 1; done
       lib=$(cd "$B" && ls bin/libggml-cuda.so.*.*.* | head -1)
       link=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$lib" | tail -1)
       ( cd "$B" && eval "$link" ) > "$out/relink-$side.log" 2>&1
