@@ -6,7 +6,7 @@
 #
 #   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | heads | pp | agents
 #                                                | trace | ncu | kld | kscale | ops-hadamard | gates | needle
-#                                                | before | variant | use-base | use-variant
+#                                                | before | variant | use-base | use-variant | tg
 #
 # heads reads HEADS (default 64 256 512) and TAG: decode at depth 0, 32k and 128k on the GQA-4 shapes of
 # issue 16 with those head sizes (16 layers; hd64 and hd256 at n_embd 2048, hd512 at 4096).
@@ -16,18 +16,23 @@
 # the build folder then holds the older chain under the newer key, so it is not one to keep.
 # build reads BUILD_DIFF (a path under the repository): a device-only diff applied on top of the chain before
 # building, e.g. an experiment behind a macro for the variant phase; the tree then differs from the chain.
-# variant reads VARIANT_DEFS (nvcc flags, e.g. -DEXP_KNOB=1) and VARIANT_INSTANCES (fattn-vec instance names,
-# default the six with turbo V; the use phases read it too): it keeps the build's objects of those instances and compiles them once more
-# with the flags. use-base and use-variant put one set into the build and relink the CUDA library by hand
+# variant reads VARIANT_DEFS (nvcc flags, e.g. -DEXP_KNOB=1), VARIANT_INSTANCES (fattn-vec instance names,
+# default the six with turbo V; the use phases read it too) and VARIANT_NAME (default variant): it keeps the
+# build's objects of those instances and compiles them once more with the flags, as that name. use-base and
+# use-variant (the set named VARIANT_NAME) put one set into the build and relink the CUDA library by hand
 # (ninja would compile a swapped-in object again from the tree: its deps-log entry is older than the
 # object), write the library's md5 to the summary, and make later phases write to folders ending in -base or
-# -variant. An A/B of a compile-time knob on one machine, e.g. `OUT build variant use-base heads use-variant heads`.
+# -NAME. An A/B of a compile-time knob on one machine, e.g. `OUT build variant use-base heads use-variant heads`;
+# several knobs: one `variant` invocation per VARIANT_NAME, then `VARIANT_NAME=... OUT use-variant ...` each.
+# tg reads TG_SHAPES (default 128: head sizes of the shapes above), TG_KV (default turbo3/turbo3), TG_DEPTHS
+# (default 32768,131072), TG_ARGS (more llama-bench arguments) and TAG: decode only, llama-bench -n 32 -r 2, one
+# line of t/s per shape and pair in tg.txt, tagged with the side in use: a quick A/B of one kernel.
 # agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072), ROUNDS (default 1: medians
 # of that many runs), SHAPE (attention dims of another random shape, e.g. n_embd=2048,n_head=32,n_head_kv=8;
 # default the 886M's) and TAG (a suffix of its output folder), so that one scenario can be repeated under
 # other settings.
-# trace and ncu read DEPTH (default 131072) and KV (default "f16/f16 turbo3/turbo3 q8_0/turbo3"), on the 886M
-# shape: trace records a llama-bench decode with scripts/cupti_trace.c and splits it into steps
+# trace and ncu read DEPTH (default 131072), KV (default "f16/f16 turbo3/turbo3 q8_0/turbo3") and HD (the
+# head size of the shape, default 128: the 886M): trace records a llama-bench decode with scripts/cupti_trace.c and splits it into steps
 # (decode_trace_split.py: own and launch-to-end time per kernel); ncu profiles two launches of the vector FA
 # kernel in the second decode step (ncu must be on PATH).
 # pp reads PROMPTS (default 16,32,64,512): prompt sizes at depth 0 and 32k.
@@ -54,10 +59,23 @@ pf() { "$py" -m polyforge "$@"; }
 key_file=build/gpu-check.key
 # the random 16-layer llama shapes of issue 16, by their attention dimensions
 random_model() { echo "random:n_layer=16,$1,n_ff=5632,n_vocab=32000,n_ctx=140000"; }
-model_886m=$(random_model n_embd=2048,n_head=16,n_head_kv=8)
+# the attention dimensions of issue 16's shape for a head size: the 886M at 128, GQA 4 at the others
+head_shape() {
+  case $1 in
+    64)  echo n_embd=2048,n_head=32,n_head_kv=8 ;;
+    128) echo n_embd=2048,n_head=16,n_head_kv=8 ;;
+    256) echo n_embd=2048,n_head=8,n_head_kv=2 ;;
+    512) echo n_embd=4096,n_head=8,n_head_kv=2 ;;
+    *) echo "no shape for head size $1" >&2; return 1 ;;
+  esac
+}
+model_886m=$(random_model "$(head_shape 128)")
+model_file() { pf models fetch "$1" > /dev/null && pf models path "$1"; }
 ops() { "build/$(cat $key_file)/bin/test-backend-ops" "$@"; }
 ab=  # "-before" after the before phase
 variant_instances=${VARIANT_INSTANCES:-turbo2-turbo2 turbo3-turbo3 turbo4-turbo4 q8_0-turbo2 q8_0-turbo3 q8_0-turbo4}
+variant_name=${VARIANT_NAME:-variant}
+case $variant_name in base|*[!a-z0-9_]*) echo "VARIANT_NAME must be lowercase letters, digits or _, not base" >&2; exit 2 ;; esac
 instance_obj() { echo "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/fattn-vec-instance-$1.cu.o"; }
 summary() { echo "$1: $(grep -E '[0-9]+/[0-9]+ tests passed' "$2" | tail -1) (exit $3)" | tee -a "$out/summary.txt"; }
 
@@ -73,6 +91,8 @@ for phase in "$@"; do
           --json > "$out/build.json" 2>> "$out/build.log"
       rc=$?
       "$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$out/build.json" > $key_file 2>/dev/null
+      # A/B objects of an earlier build under the same key are not this build's
+      [ -s $key_file ] && rm -rf "build/$(cat $key_file)/ab"
       echo "build: exit $rc, key $(cat $key_file 2>/dev/null), $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     ops-turbo)  # the chain's types: set-rows (also fused with the rotation), copies, and FA with every turbo pair it builds
       for op in SET_ROWS CPY GET_ROWS HADAMARD_SET_ROWS; do
@@ -89,12 +109,7 @@ for phase in "$@"; do
       echo "bench: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     heads)
       for hd in ${HEADS:-64 256 512}; do
-        case $hd in
-          64)  shape="n_embd=2048,n_head=32,n_head_kv=8" ;;
-          256) shape="n_embd=2048,n_head=8,n_head_kv=2" ;;
-          512) shape="n_embd=4096,n_head=8,n_head_kv=2" ;;
-          *) echo "heads: no shape for head size $hd" >&2; continue ;;
-        esac
+        shape=$(head_shape $hd) || continue
         tag=hd$hd${TAG:-}$ab
         pf bench --build "$(cat $key_file)" -m "$(random_model "$shape")" \
           --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 32 -r 2 \
@@ -146,7 +161,7 @@ for phase in "$@"; do
       done
       unset LLAMA_ATTN_K_SCALE_DISABLE ;;
     trace|ncu)  # one decode step's kernels (trace) / the FA kernel's counters (ncu), same model, at DEPTH
-      model=$(pf models fetch "$model_886m" > /dev/null && pf models path "$model_886m")
+      model=$(model_file "$(random_model "$(head_shape ${HD:-128})")") || exit 1
       bench_bin="build/$(cat $key_file)/bin/llama-bench"
       bench_args=(-m "$model" -p 0 -d "${DEPTH:-131072}" -fa 1 -ngl 99 -r 1 --no-warmup)
       if [ $phase = trace ] && [ ! -f /tmp/libcupti_trace.so ]; then
@@ -156,7 +171,7 @@ for phase in "$@"; do
           -I"$(dirname "$(command -v nvcc)")/../include" -L"$(dirname "$cupti_so")" -lcupti -Wl,-rpath,"$(dirname "$cupti_so")"
       fi
       for kv in ${KV:-f16/f16 turbo3/turbo3 q8_0/turbo3}; do
-        tag=$phase-${kv/\//-}$ab
+        tag=$phase${HD:+-hd$HD}-${kv/\//-}$ab
         if [ $phase = trace ]; then
           CUDA_INJECTION64_PATH=/tmp/libcupti_trace.so CUPTI_TRACE_OUT="$out/$tag.csv" \
             "$bench_bin" "${bench_args[@]}" -n 8 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
@@ -170,6 +185,19 @@ for phase in "$@"; do
           rc=$?; ncu --import "$out/$tag.ncu-rep" --page details > "$out/$tag.txt" 2>> "$out/$tag.log"
         fi
         echo "$tag: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+      done ;;
+    tg)
+      for hd in ${TG_SHAPES:-128}; do
+        model=$(model_file "$(random_model "$(head_shape $hd)")") || exit 1
+        for kv in ${TG_KV:-turbo3/turbo3}; do
+          tag=tg-hd$hd-${kv/\//-}${TAG:-}$ab
+          "build/$(cat $key_file)/bin/llama-bench" -m "$model" -p 0 -n 32 -d "${TG_DEPTHS:-32768,131072}" -fa 1 -ngl 99 \
+            -r 2 -ctk ${kv%/*} -ctv ${kv#*/} ${TG_ARGS:-} -o jsonl > "$out/$tag.jsonl" 2> "$out/$tag.log"
+          rc=$?
+          ts=$("$py" -c 'import json, sys
+print(" ".join("d%s %.1f" % (r.get("n_depth", "?"), r["avg_ts"]) for r in map(json.loads, open(sys.argv[1]))))' "$out/$tag.jsonl")
+          echo "$tag: exit $rc, t/s $ts" | tee -a "$out/tg.txt" "$out/summary.txt"
+        done
       done ;;
     ops-hadamard)  # the FWHT mul_mat hints, plain and scaled (0081's per-KV-head rotation)
       ops -o MUL_MAT_HADAMARD,MUL_MAT_SCALED_HADAMARD -b CUDA0 > "$out/ops-hadamard.log" 2>&1
@@ -198,27 +226,29 @@ for phase in "$@"; do
       pf unapply --to "${BEFORE:?before needs BEFORE=NNNN}" > "$out/before.log" 2>&1 &&
         "$POLYFORGE_NINJA" -C "build/$(cat $key_file)" llama-bench llama-batched-bench >> "$out/before.log" 2>&1
       rc=$?
-      ab=-before
+      ab=-before; rm -rf "build/$(cat $key_file)/ab"
       echo "before $BEFORE: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
       [ $rc = 0 ] || exit 1 ;;
     variant)
       : "${VARIANT_DEFS:?variant needs VARIANT_DEFS}"
       B=build/$(cat $key_file); mkdir -p "$B/ab"
       for t in $variant_instances; do
-        cp "$B/$(instance_obj $t)" "$B/ab/base-$t.o" || exit 1
+        # the base objects are the build's own: kept once, before any variant is swapped in
+        [ -f "$B/ab/base-$t.o" ] || cp "$B/$(instance_obj $t)" "$B/ab/base-$t.o" || exit 1
         # the build's compile line with the flags added after the compiler and the output moved aside
         cmd=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$(instance_obj $t)" | tail -1)
-        cmd=$(echo "$cmd" | sed -e "s# -o [^ ]*# -o ab/variant-$t.o#" -e "s# -MF [^ ]*# -MF ab/variant-$t.d#" \
+        cmd=$(echo "$cmd" | sed -e "s# -o [^ ]*# -o ab/$variant_name-$t.o#" -e "s# -MF [^ ]*# -MF ab/$variant_name-$t.d#" \
           -e "s#\([^ ]*nvcc[^ ]*\) #\1 $VARIANT_DEFS #")
-        ( cd "$B" && eval "$cmd" ) > "$out/variant-$t.log" 2>&1 &
+        ( cd "$B" && eval "$cmd" ) > "$out/$variant_name-$t.log" 2>&1 &
       done
       wait
       rc=0
-      for t in $variant_instances; do [ -f "$B/ab/variant-$t.o" ] || { rc=1; tail -5 "$out/variant-$t.log"; }; done
-      echo "variant ${VARIANT_DEFS}: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+      for t in $variant_instances; do [ -f "$B/ab/$variant_name-$t.o" ] || { rc=1; tail -5 "$out/$variant_name-$t.log"; }; done
+      echo "$variant_name ${VARIANT_DEFS}: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
       [ $rc = 0 ] || exit 1 ;;
     use-base|use-variant)
-      side=${phase#use-}; B=build/$(cat $key_file)
+      side=${phase#use-}; [ $side = variant ] && side=$variant_name
+      B=build/$(cat $key_file)
       for t in $variant_instances; do cp "$B/ab/$side-$t.o" "$B/$(instance_obj $t)" || exit 1; done
       lib=$(cd "$B" && ls bin/libggml-cuda.so.*.*.* | head -1)
       link=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$lib" | tail -1)

@@ -34,7 +34,8 @@ def _build_folder(root: Path) -> Path:
     fake_nvcc = root / "fake-nvcc"
     fake_nvcc.write_text('#!/bin/sh\nexec gcc -fPIC "$@"\n')
     fake_nvcc.chmod(0o755)
-    (src / "knob.h").write_text("#ifdef EXP_KNOB\n#define VALUE 2\n#else\n#define VALUE 1\n#endif\n")
+    (src / "knob.h").write_text(
+        "#if defined(EXP_KNOB3)\n#define VALUE 3\n#elif defined(EXP_KNOB)\n#define VALUE 2\n#else\n#define VALUE 1\n#endif\n")
     rules = [
         "rule nvcc\n  command = $nvcc -x c -I../../src -MD -MT $out -MF $out.d -o $out -c $in\n"
         "  depfile = $out.d\n  deps = gcc\n",
@@ -61,9 +62,9 @@ def _values(build: Path) -> tuple[int, int]:
     return int(t3), int(q8)
 
 
-def _gpu_check(root: Path, out: Path, *phases: str) -> subprocess.CompletedProcess:
+def _gpu_check(root: Path, out: Path, *phases: str, **env_extra: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "POLYFORGE_NINJA": _ninja(), "PYTHON": sys.executable,
-           "VARIANT_DEFS": "-DEXP_KNOB=1", "VARIANT_INSTANCES": "turbo3-turbo3"}
+           "VARIANT_DEFS": "-DEXP_KNOB=1", "VARIANT_INSTANCES": "turbo3-turbo3", **env_extra}
     return subprocess.run(["bash", str(SCRIPT), str(out), *phases], cwd=root, env=env, capture_output=True, text=True)
 
 
@@ -86,6 +87,34 @@ def test_variant_and_both_sides(tmp_path: Path):
     summary = (out / "summary.txt").read_text().splitlines()
     md5 = {line.split()[1].rstrip(":"): line.split()[-1] for line in summary if line.startswith("use ")}
     assert set(md5) == {"variant", "base"} and md5["variant"] != md5["base"]
+
+
+def test_named_variants_keep_the_build_as_base(tmp_path: Path):
+    build = _build_folder(tmp_path)
+    out = tmp_path / "out"
+
+    done = _gpu_check(tmp_path, out, "variant", "use-variant", VARIANT_NAME="two")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _values(build) == (2, 1)
+    # a second variant compiled while the first is swapped in: the base stays the build's own object
+    done = _gpu_check(tmp_path, out, "variant", VARIANT_NAME="three", VARIANT_DEFS="-DEXP_KNOB3=1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name, values in (("three", (3, 1)), ("two", (2, 1)), ("base", (1, 1))):
+        phase = "use-base" if name == "base" else "use-variant"
+        done = _gpu_check(tmp_path, out, phase, VARIANT_NAME=name if name != "base" else "two")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert _values(build) == values, name
+    sides = [line.split()[1].rstrip(":") for line in (out / "summary.txt").read_text().splitlines()
+             if line.startswith("use ")]
+    assert sides == ["two", "three", "two", "base"]
+
+
+def test_variant_name_cannot_be_base(tmp_path: Path):
+    _build_folder(tmp_path)
+    done = _gpu_check(tmp_path, tmp_path / "out", "variant", VARIANT_NAME="base")
+    assert done.returncode == 2
+    assert "VARIANT_NAME must be" in done.stderr
+    assert not (tmp_path / "build" / "cuda-test" / "ab").exists()
 
 
 def test_variant_needs_flags(tmp_path: Path):
