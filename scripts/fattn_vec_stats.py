@@ -10,6 +10,13 @@ V loads after it wait for the K dot products).
 
   fattn_vec_stats.py turbo3-turbo3 [--filter 'D=256'] [-D NAME=VALUE ...] [--arch 90] [--keep DIR]
 
+With an instance file of the tensor-core kernel instead (a name starting with fattn-mma-f16, e.g.
+fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_2, with -D GGML_CUDA_FA_TURBO3_TURBO3=1 for the kv-dec ones, as
+the build defines it for each enabled turbo pair), it prints per flash_attn_ext_f16 kernel: registers, stack,
+spills, SASS instructions, and its KV-tile iterations: the innermost loops with tensor-core instructions (the
+kernel has one per peeled variant of the iteration), their sizes, HMMA, global loads (LDG), asynchronous copies
+(LDGSTS) and shared stores (STS) of the largest.
+
 nvcc must be on PATH. cuobjdump (and the nvdisasm it runs) come from PATH, --cuobjdump, or PyPI's
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (downloaded once into ~/.cache/polyforge/tools).
 cuBLAS headers are not needed: a stub stands in.
@@ -57,6 +64,8 @@ static inline const char * cublasGetStatusString(cublasStatus_t) { return ""; }
 """
 
 KERNEL_RE = re.compile(r"_Z18flash_attn_ext_vecILi(\d+)ELi(\d+)EL9ggml_type(\d+)ELS0_(\d+)ELb([01])E(?:Li(\d+)E)?")
+# flash_attn_ext_f16<DKQ, DV, ncols1, ncols2, use_logit_softcap, V_is_K_view, use_sparse, kv_dec>
+MMA_KERNEL_RE = re.compile(r"_Z18flash_attn_ext_f16ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])ELb([01])E")
 
 
 @dataclasses.dataclass
@@ -125,21 +134,27 @@ def _opcode(instr: str) -> str:
     return words[0] if words else ""
 
 
+def backward_branches(instrs: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(target, branch address) of every branch that jumps back, in the order of the branches."""
+    loops = []
+    for addr, ins in instrs:
+        if _opcode(ins).startswith("BRA"):
+            m = re.search(r"0x([0-9a-f]+)", ins)
+            if m and int(m.group(1), 16) < addr:
+                loops.append((int(m.group(1), 16), addr))
+    return loops
+
+
 def sass_stats(instrs: list[tuple[int, str]]) -> SassCounts:
     """Counts over a function and over its main loop: the longest backward branch before the first
     unconditional EXIT (later code holds the out-of-line paths of divergent shuffles, whose branches jump back)."""
     stats = SassCounts(instructions=len(instrs))
     exit_at = next((i for i, (_, ins) in enumerate(instrs) if _opcode(ins) == "EXIT" and not ins.startswith("@")),
                    len(instrs))
-    lo = hi = None
-    for addr, ins in instrs[:exit_at]:
-        if not _opcode(ins).startswith("BRA"):
-            continue
-        m = re.search(r"0x([0-9a-f]+)", ins)
-        if m and int(m.group(1), 16) < addr and (lo is None or addr - int(m.group(1), 16) > hi - lo):
-            lo, hi = int(m.group(1), 16), addr
-    if lo is None:
+    loops = backward_branches(instrs[:exit_at])
+    if not loops:
         return stats
+    lo, hi = max(loops, key=lambda loop: loop[1] - loop[0])
     seen_sts = False
     for addr, ins in instrs:
         if not lo <= addr <= hi:
@@ -155,6 +170,36 @@ def sass_stats(instrs: list[tuple[int, str]]) -> SassCounts:
             else:
                 stats.loop_ldg_before_sts += 1
     return stats
+
+
+@dataclasses.dataclass
+class TileLoops:
+    """The innermost loops of a tensor-core FA kernel that hold MMA instructions: one per peeled variant of its
+    KV-tile iteration. Counts of the largest."""
+    count: int = 0
+    smallest: int = 0
+    largest: int = 0
+    hmma: int = 0
+    ldg: int = 0
+    ldgsts: int = 0
+    sts: int = 0
+
+
+def mma_tile_loops(instrs: list[tuple[int, str]]) -> TileLoops:
+    """Loops with HMMA that contain no other such loop."""
+    def ops(lo: int, hi: int) -> list[str]:
+        return [_opcode(ins) for addr, ins in instrs if lo <= addr <= hi]
+
+    with_mma = [(lo, hi) for lo, hi in backward_branches(instrs) if any(op.startswith("HMMA") for op in ops(lo, hi))]
+    inner = [(lo, hi) for lo, hi in with_mma
+             if not any((a, b) != (lo, hi) and lo <= a and b <= hi for a, b in with_mma)]
+    if not inner:
+        return TileLoops()
+    bodies = [ops(lo, hi) for lo, hi in inner]
+    big = max(bodies, key=len)
+    count = lambda prefix: sum(op.split(".")[0] == prefix for op in big)
+    return TileLoops(count=len(bodies), smallest=min(map(len, bodies)), largest=len(big), hmma=count("HMMA"),
+                     ldg=count("LDG"), ldgsts=count("LDGSTS"), sts=count("STS"))
 
 
 def ggml_type_names(tree: Path) -> dict[int, str]:
@@ -190,7 +235,8 @@ def find_cuobjdump(explicit: str | None) -> str:
 
 def compile_instance(tree: Path, instance: str, arch: str, defines: list[str], work: Path) -> tuple[Path, str]:
     cuda_dir = tree / "ggml" / "src" / "ggml-cuda"
-    source = cuda_dir / "template-instances" / f"fattn-vec-instance-{instance}.cu"
+    stem = instance if instance.startswith("fattn-mma-f16") else f"fattn-vec-instance-{instance}"
+    source = cuda_dir / "template-instances" / f"{stem}.cu"
     if not source.is_file():
         raise SystemExit(f"fattn_vec_stats: no {source.relative_to(tree)}")
     (work / "cublas_v2.h").write_text(CUBLAS_STUB)
@@ -208,7 +254,8 @@ def compile_instance(tree: Path, instance: str, arch: str, defines: list[str], w
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("instance", help="fattn-vec-instance-NAME.cu: turbo3-turbo3, q8_0-turbo3, f16-f16, ...")
+    ap.add_argument("instance", help="fattn-vec-instance-NAME.cu: turbo3-turbo3, q8_0-turbo3, f16-f16, ...; or the "
+                                     "stem of a tensor-core instance file: fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_2")
     ap.add_argument("--tree", default=str(ROOT / "vendor" / "llama.cpp"))
     ap.add_argument("--arch", default="90")
     ap.add_argument("-D", dest="defines", action="append", default=[], help="extra macro for nvcc")
@@ -233,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         sass_text = done.stdout
     ptxas = parse_ptxas(ptxas_text)
     sass = split_sass(sass_text)
+    if args.instance.startswith("fattn-mma-f16"):
+        return print_mma(ptxas, sass, args.filter)
 
     rows = []
     for name, instrs in sass.items():
@@ -253,6 +302,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<48} {p.registers:>4} {p.stack:>5} {f'{p.spill_stores}/{p.spill_loads}':>11} "
               f"{s.instructions:>6} {s.loop_instructions:>5} {f'{s.loop_ldl}/{s.loop_stl}':>7} "
               f"{f'{s.loop_ldg_before_sts}/{s.loop_ldg_after_sts}':>15}")
+    return 0 if rows else 1
+
+
+def print_mma(ptxas: dict[str, ResourceUsage], sass: dict[str, list[tuple[int, str]]], pattern: str) -> int:
+    rows = []
+    for name, instrs in sass.items():
+        m = MMA_KERNEL_RE.match(name)
+        if not m:
+            continue
+        dkq, dv, ncols1, ncols2, softcap, v_is_k, sparse, kv_dec = map(int, m.groups())
+        label = (f"D={dkq} ncols1={ncols1} ncols2={ncols2}" + (" kv_dec" if kv_dec else "") +
+                 (" softcap" if softcap else "") + (" V=K" if v_is_k else "") + (" sparse" if sparse else ""))
+        if re.search(pattern, label):
+            rows.append(((dkq, ncols1, ncols2, label), label, ptxas.get(name, ResourceUsage()), len(instrs),
+                         mma_tile_loops(instrs)))
+    print(f"{'kernel':<44} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'instrs':>6} {'tile loops':>10} "
+          f"{'sizes':>11} {'HMMA':>4} {'LDG':>4} {'LDGSTS':>6} {'STS':>4}")
+    for _, label, p, n, t in sorted(rows, key=lambda r: r[0]):
+        print(f"{label:<44} {p.registers:>4} {p.stack:>5} {f'{p.spill_stores}/{p.spill_loads}':>11} {n:>6} "
+              f"{t.count:>10} {f'{t.smallest}-{t.largest}':>11} {t.hmma:>4} {t.ldg:>4} {t.ldgsts:>6} {t.sts:>4}")
     return 0 if rows else 1
 
 

@@ -68,3 +68,37 @@ def test_kernel_name_template_arguments():
     # with the Q heads per block (ncols2) as the last template argument
     name = "_Z18flash_attn_ext_vecILi64ELi4EL9ggml_type8ELS0_44ELb1ELi2EEvPKc"
     assert stats.KERNEL_RE.match(name).groups() == ("64", "4", "8", "44", "1", "2")
+
+
+MMA_NAME = "_Z18flash_attn_ext_f16ILi128ELi128ELi16ELi2ELb0ELb0ELb0ELb1EEvPKcS1_"
+
+
+def test_mma_kernel_name_template_arguments():
+    assert stats.MMA_KERNEL_RE.match(MMA_NAME).groups() == ("128", "128", "16", "2", "0", "0", "0", "1")
+    assert not stats.KERNEL_RE.match(MMA_NAME) and not stats.MMA_KERNEL_RE.match(NAME)
+
+
+def test_mma_tile_loops_are_the_innermost_loops_with_mma():
+    lines = ["MOV R1, c[0x0][0x28]",          # 0x00
+             "LDG.E R2, desc[UR4][R4.64]",    # 0x10: outer loop start
+             "STS.128 [R5], R8",              # 0x20: first variant of the tile iteration
+             "HMMA.16816.F32 R8, R12, R16, R8",  # 0x30
+             "@P0 BRA 0x20",                  # 0x40: its loop (3 instructions)
+             "LDGSTS.E.BYPASS.128 [R6], desc[UR4][R4.64]",  # 0x50: second variant
+             "LDG.E R3, desc[UR4][R4.64]",    # 0x60
+             "HMMA.16816.F32 R8, R12, R16, R8",  # 0x70
+             "HMMA.16816.F32 R8, R12, R16, R8",  # 0x80
+             "@P1 BRA 0x50",                  # 0x90: its loop (5 instructions)
+             "IADD3 R1, R1, 0x1, RZ",         # 0xa0: a loop without MMA
+             "@P2 BRA 0xa0",                  # 0xb0
+             "@P3 BRA 0x10",                  # 0xc0: the outer loop, holding both: not a tile loop
+             "EXIT"]                          # 0xd0
+    instrs = stats.split_sass(_sass(lines).replace(NAME, MMA_NAME))[MMA_NAME]
+    t = stats.mma_tile_loops(instrs)
+    assert (t.count, t.smallest, t.largest) == (2, 3, 5)
+    assert (t.hmma, t.ldg, t.ldgsts, t.sts) == (2, 1, 1, 0)
+
+
+def test_mma_without_loops():
+    instrs = stats.split_sass(_sass(["HMMA.16816.F32 R8, R12, R16, R8", "EXIT"]).replace(NAME, MMA_NAME))[MMA_NAME]
+    assert stats.mma_tile_loops(instrs) == stats.TileLoops()
