@@ -93,10 +93,13 @@ def parse_kv_cells(metrics_text):
 
 
 class PoolServer(LlamaServer):
-    """llama-server with /metrics and a slot-save folder (the naive baseline restores slots)."""
+    """llama-server with /metrics and a slot-save folder (the naive baseline restores slots). LLAMA_KV_CACHE_DEBUG=1:
+    the KV cache compares each KQ mask built from the cells that several slots' sequences share (0092) with the
+    general loop's and aborts on a difference, so the agents' batches here check that shortcut too."""
 
     def __init__(self, binary, model, args, log_path, slot_dir):
-        super().__init__(binary, model, ["--metrics", "--slot-save-path", slot_dir + "/"] + list(args), log_path)
+        super().__init__(binary, model, ["--metrics", "--slot-save-path", slot_dir + "/"] + list(args), log_path,
+                         env={"LLAMA_KV_CACHE_DEBUG": "1"})
 
     def kv_cells(self):
         """Scrape /metrics: {metric: {cache: value}}; the scrape also resets kv_cells_used_max."""
