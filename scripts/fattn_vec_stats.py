@@ -233,9 +233,14 @@ def find_cuobjdump(explicit: str | None) -> str:
     return str(hits["cuobjdump"][-1])
 
 
+def is_mma_instance(instance: str) -> bool:
+    """A tensor-core kernel's instance file, named by its stem; vector-kernel instances go by their type pair."""
+    return instance.startswith("fattn-mma-f16")
+
+
 def compile_instance(tree: Path, instance: str, arch: str, defines: list[str], work: Path) -> tuple[Path, str]:
     cuda_dir = tree / "ggml" / "src" / "ggml-cuda"
-    stem = instance if instance.startswith("fattn-mma-f16") else f"fattn-vec-instance-{instance}"
+    stem = instance if is_mma_instance(instance) else f"fattn-vec-instance-{instance}"
     source = cuda_dir / "template-instances" / f"{stem}.cu"
     if not source.is_file():
         raise SystemExit(f"fattn_vec_stats: no {source.relative_to(tree)}")
@@ -280,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         sass_text = done.stdout
     ptxas = parse_ptxas(ptxas_text)
     sass = split_sass(sass_text)
-    if args.instance.startswith("fattn-mma-f16"):
+    if is_mma_instance(args.instance):
         return print_mma(ptxas, sass, args.filter)
 
     rows = []
@@ -315,11 +320,11 @@ def print_mma(ptxas: dict[str, ResourceUsage], sass: dict[str, list[tuple[int, s
         label = (f"D={dkq} ncols1={ncols1} ncols2={ncols2}" + (" kv_dec" if kv_dec else "") +
                  (" softcap" if softcap else "") + (" V=K" if v_is_k else "") + (" sparse" if sparse else ""))
         if re.search(pattern, label):
-            rows.append(((dkq, ncols1, ncols2, label), label, ptxas.get(name, ResourceUsage()), len(instrs),
+            rows.append((dkq, ncols1, ncols2, label, ptxas.get(name, ResourceUsage()), len(instrs),
                          mma_tile_loops(instrs)))
     print(f"{'kernel':<44} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'instrs':>6} {'tile loops':>10} "
           f"{'sizes':>11} {'HMMA':>4} {'LDG':>4} {'LDGSTS':>6} {'STS':>4}")
-    for _, label, p, n, t in sorted(rows, key=lambda r: r[0]):
+    for *_, label, p, n, t in sorted(rows, key=lambda r: r[:4]):
         print(f"{label:<44} {p.registers:>4} {p.stack:>5} {f'{p.spill_stores}/{p.spill_loads}':>11} {n:>6} "
               f"{t.count:>10} {f'{t.smallest}-{t.largest}':>11} {t.hmma:>4} {t.ldg:>4} {t.ldgsts:>6} {t.sts:>4}")
     return 0 if rows else 1
