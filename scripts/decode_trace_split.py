@@ -35,10 +35,11 @@ def copy_bytes(name: str) -> int:
     return int(name.split()[3])
 
 
-def decode_steps(rows: list[tuple[int, int, str]]) -> list[list[tuple[int, int, str]]]:
-    """The activities of each decode step, the last (open-ended) step left out."""
+def decode_steps(rows: list[tuple[int, int, str]], after_state_copy: bool = True) -> list[list[tuple[int, int, str]]]:
+    """The activities of each decode step, the last (open-ended) step left out; with after_state_copy only those
+    after the last large device-to-host copy (llama-bench's saved state; a batch's logits can be as large)."""
     big_dtoh = [i for i, r in enumerate(rows) if is_copy(r[2], 2) and copy_bytes(r[2]) > 1 << 20]
-    rows = rows[big_dtoh[-1] + 1:] if big_dtoh else rows
+    rows = rows[big_dtoh[-1] + 1:] if big_dtoh and after_state_copy else rows
     starts, after_kernel = [], True
     for i, (_, _, name) in enumerate(rows):
         if is_copy(name, 1):
@@ -93,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("label", nargs="?", default="")
     ap.add_argument("--skip", type=int, default=2, help="steps to leave out at the start (default 2)")
     ap.add_argument("--top", type=int, default=10, help="kernels to list (default 10)")
+    ap.add_argument("--all-steps", action="store_true",
+                    help="every step from the trace's start (llama-batched-bench: no saved state; --skip the prompt's)")
     args = ap.parse_args(argv)
-    steps = [summarize(s) for s in decode_steps(read_trace(args.trace))][args.skip:]
+    steps = [summarize(s) for s in decode_steps(read_trace(args.trace), not args.all_steps)][args.skip:]
     if not steps:
         print(f"error: {args.trace}: no decode steps found", file=sys.stderr)
         return 1

@@ -7,6 +7,7 @@
 #   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | heads | pp | agents
 #                                                | trace | ncu | kld | kscale | ops-hadamard | gates | needle
 #                                                | before | variant | use-base | use-variant | tg
+#                                                | agents-trace | agents-ncu
 #
 # heads reads HEADS (default 64 256 512) and TAG: decode at depth 0, 32k and 128k on the GQA-4 shapes of
 # issue 16 with those head sizes (16 layers; hd64 and hd256 at n_embd 2048, hd512 at 4096).
@@ -16,8 +17,9 @@
 # the build folder then holds the older chain under the newer key, so it is not one to keep.
 # build reads BUILD_DIFF (a path under the repository): a device-only diff applied on top of the chain before
 # building, e.g. an experiment behind a macro for the variant phase; the tree then differs from the chain.
-# variant reads VARIANT_DEFS (nvcc flags, e.g. -DEXP_KNOB=1), VARIANT_INSTANCES (fattn-vec instance names,
-# default the six with turbo V; the use phases read it too) and VARIANT_NAME (default variant): it keeps the
+# variant reads VARIANT_DEFS (nvcc flags, e.g. -DEXP_KNOB=1), VARIANT_INSTANCES (fattn-vec instances by their
+# types, other instance files by their stems, e.g. fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_2; default the
+# six vector instances with turbo V; the use phases read it too) and VARIANT_NAME (default variant): it keeps the
 # build's objects of those instances and compiles them once more with the flags, as that name. use-base and
 # use-variant (the set named VARIANT_NAME) put one set into the build and relink the CUDA library by hand
 # (ninja would compile a swapped-in object again from the tree: its deps-log entry is older than the
@@ -27,7 +29,8 @@
 # tg reads TG_SHAPES (default 128: head sizes of the shapes above), TG_KV (default turbo3/turbo3), TG_DEPTHS
 # (default 32768,131072), TG_ARGS (more llama-bench arguments) and TAG: decode only, llama-bench -n 32 -r 2, one
 # line of t/s per shape and pair in tg.txt, tagged with the side in use: a quick A/B of one kernel.
-# agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072), ROUNDS (default 1: medians
+# agents reads AGENTS (default 1,4,8,16,32), PREFIX (default 32768,131072), AGENTS_KV (default
+# f16/f16,turbo3/turbo3,q8_0/turbo3), ROUNDS (default 1: medians
 # of that many runs), SHAPE (attention dims of another random shape, e.g. n_embd=2048,n_head=32,n_head_kv=8;
 # default the 886M's) and TAG (a suffix of its output folder), so that one scenario can be repeated under
 # other settings.
@@ -35,6 +38,9 @@
 # head size of the shape, default 128: the 886M): trace records a llama-bench decode with scripts/cupti_trace.c and splits it into steps
 # (decode_trace_split.py: own and launch-to-end time per kernel); ncu profiles two launches of the vector FA
 # kernel in the second decode step (ncu must be on PATH).
+# agents-trace and agents-ncu do the same for llama-batched-bench's agents (AGENTS_B agents, default 16, sharing a
+# DEPTH prefix, default 32768, -kvu -pps): the decode steps after the prefix's ubatches, and the third decode step's
+# first tensor-core FA launch (ncu --set full; the SASS page with its stall samples as CSV).
 # pp reads PROMPTS (default 16,32,64,512): prompt sizes at depth 0 and 32k.
 #
 # kld reads KLD_MODELS (GGUF paths, space-separated): the turbo-kld protocol (ctx 1024, 12 chunks of
@@ -76,7 +82,20 @@ ab=  # "-before" after the before phase
 variant_instances=${VARIANT_INSTANCES:-turbo2-turbo2 turbo3-turbo3 turbo4-turbo4 q8_0-turbo2 q8_0-turbo3 q8_0-turbo4}
 variant_name=${VARIANT_NAME:-variant}
 case $variant_name in base|*[!a-z0-9_]*) echo "VARIANT_NAME must be lowercase letters, digits or _, not base" >&2; exit 2 ;; esac
-instance_obj() { echo "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/fattn-vec-instance-$1.cu.o"; }
+# a vector-kernel instance by its types (turbo3-turbo3), any other instance file by its stem (fattn-mma-f16-...)
+instance_obj() {
+  case $1 in fattn-*) f=$1 ;; *) f=fattn-vec-instance-$1 ;; esac
+  echo "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/$f.cu.o"
+}
+# scripts/cupti_trace.c built once per machine, for the trace phases
+cupti_trace_lib() {
+  [ -f /tmp/libcupti_trace.so ] && return
+  local cupti_h cupti_so
+  cupti_h=$(find / -name cupti.h -path '*include*' 2>/dev/null | head -1)
+  cupti_so=$(find / -name 'libcupti.so*' 2>/dev/null | head -1)
+  gcc -O2 -shared -fPIC -o /tmp/libcupti_trace.so scripts/cupti_trace.c -I"$(dirname "$cupti_h")" \
+    -I"$(dirname "$(command -v nvcc)")/../include" -L"$(dirname "$cupti_so")" -lcupti -Wl,-rpath,"$(dirname "$cupti_so")"
+}
 summary() { echo "$1: $(grep -E '[0-9]+/[0-9]+ tests passed' "$2" | tail -1) (exit $3)" | tee -a "$out/summary.txt"; }
 
 for phase in "$@"; do
@@ -125,7 +144,7 @@ for phase in "$@"; do
       tag=agents${TAG:-}$ab
       model=$model_886m; [ -n "${SHAPE:-}" ] && model=$(random_model "$SHAPE")
       pf bench --build "$(cat $key_file)" -m "$model" --agents "${AGENTS:-1,4,8,16,32}" \
-        --prefix "${PREFIX:-32768,131072}" --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -n 64 --rounds "${ROUNDS:-1}" \
+        --prefix "${PREFIX:-32768,131072}" --kv "${AGENTS_KV:-f16/f16,turbo3/turbo3,q8_0/turbo3}" -n 64 --rounds "${ROUNDS:-1}" \
         --out "$out/$tag" > "$out/$tag.log" 2>&1
       echo "$tag: exit $?, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     kld)
@@ -164,12 +183,7 @@ for phase in "$@"; do
       model=$(model_file "$(random_model "$(head_shape ${HD:-128})")") || exit 1
       bench_bin="build/$(cat $key_file)/bin/llama-bench"
       bench_args=(-m "$model" -p 0 -d "${DEPTH:-131072}" -fa 1 -ngl 99 -r 1 --no-warmup)
-      if [ $phase = trace ] && [ ! -f /tmp/libcupti_trace.so ]; then
-        cupti_h=$(find / -name cupti.h -path '*include*' 2>/dev/null | head -1)
-        cupti_so=$(find / -name 'libcupti.so*' 2>/dev/null | head -1)
-        gcc -O2 -shared -fPIC -o /tmp/libcupti_trace.so scripts/cupti_trace.c -I"$(dirname "$cupti_h")" \
-          -I"$(dirname "$(command -v nvcc)")/../include" -L"$(dirname "$cupti_so")" -lcupti -Wl,-rpath,"$(dirname "$cupti_so")"
-      fi
+      [ $phase = trace ] && { cupti_trace_lib || exit 1; }
       for kv in ${KV:-f16/f16 turbo3/turbo3 q8_0/turbo3}; do
         tag=$phase${HD:+-hd$HD}-${kv/\//-}$ab
         if [ $phase = trace ]; then
@@ -183,6 +197,29 @@ for phase in "$@"; do
             --section Occupancy --section LaunchStats --section InstructionStats --section ComputeWorkloadAnalysis \
             "$bench_bin" "${bench_args[@]}" -n 2 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
           rc=$?; ncu --import "$out/$tag.ncu-rep" --page details > "$out/$tag.txt" 2>> "$out/$tag.log"
+        fi
+        echo "$tag: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+      done ;;
+    agents-trace|agents-ncu)  # one agents decode step (trace) / its FA kernel's counters (ncu): B agents sharing a DEPTH prefix
+      model=$(model_file "$(random_model "$(head_shape ${HD:-128})")") || exit 1
+      depth=${DEPTH:-32768} nb=${AGENTS_B:-16}
+      bb_args=(-m "$model" -c $((depth + 16*nb + 256)) -npp $depth -npl $nb -pps -kvu -fa on -ngl 99 -b 2048 -ub 512)
+      # before the decode steps: the warm-up and the prefix's ubatches of 512 (each a "step" of the split)
+      prefill_steps=$(( (depth + 511) / 512 + 1 ))
+      [ $phase = agents-trace ] && { cupti_trace_lib || exit 1; }
+      for kv in ${KV:-f16/f16 turbo3/turbo3}; do
+        tag=$phase${HD:+-hd$HD}-b$nb-d$depth-${kv/\//-}$ab
+        if [ $phase = agents-trace ]; then
+          CUDA_INJECTION64_PATH=/tmp/libcupti_trace.so CUPTI_TRACE_OUT="$out/$tag.csv" \
+            "build/$(cat $key_file)/bin/llama-batched-bench" "${bb_args[@]}" -ntg 8 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
+          "$py" scripts/decode_trace_split.py "$out/$tag.csv" "$kv B=$nb" --all-steps --skip $((prefill_steps + 2)) --top 16 > "$out/$tag.txt" 2>> "$out/$tag.log"
+          rc=$?; xz -f "$out/$tag.csv"
+        else  # the third decode step's first FA launch (16 layers a step)
+          ncu -f -o "$out/$tag" --kernel-name regex:flash_attn_ext_f16 --launch-skip $(( (prefill_steps + 2) * 16 )) --launch-count 1 \
+            --set full --import-source no "build/$(cat $key_file)/bin/llama-batched-bench" "${bb_args[@]}" -ntg 4 \
+            -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
+          rc=$?; ncu --import "$out/$tag.ncu-rep" --page details > "$out/$tag.txt" 2>> "$out/$tag.log"
+          ncu --import "$out/$tag.ncu-rep" --page source --csv --print-source sass 2>> "$out/$tag.log" | xz > "$out/$tag.sass.csv.xz"
         fi
         echo "$tag: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
       done ;;

@@ -59,3 +59,24 @@ def test_no_steps_is_an_error(tmp_path: Path):
     path.write_text("Start (ns),Duration (ns),Name\n1,2,\"k(x)\"\n")
     out = _run(str(path))
     assert out.returncode == 1 and "no decode steps" in out.stderr
+
+
+def test_all_steps_when_every_step_copies_logits_back(tmp_path: Path):
+    """llama-batched-bench: no saved state, the prompt's ubatches first, and each decode step of B agents copies
+    more than 1 MiB of logits back: --all-steps keeps every step and --skip leaves out the prompt's."""
+    rows = []
+    for step in range(6):  # 2 prompt ubatches (long), then 4 decode steps of B agents
+        t = step * 10_000_000
+        kernel_us = 5_000_000 if step < 2 else 1_000_000
+        rows += [(t, 10_000, "memcpy kind 1 1056768 B"),
+                 (t + 100_000, kernel_us, "flash_attn_ext_f16<128>(...)"),
+                 (t + 100_000 + kernel_us, 40_000, "memcpy kind 2 2048000 B")]
+    path = tmp_path / "batched.csv"
+    path.write_text("Start (ns),Duration (ns),Name\n" + "".join(f'{s},{d},"{n}"\n' for s, d, n in rows))
+    out = _run(str(path))
+    assert out.returncode == 1 and "no decode steps" in out.stderr  # cut after the last logits copy
+    out = _run(str(path), "agents", "--all-steps", "--skip", "2")
+    assert out.returncode == 0, out.stderr
+    head = out.stdout.splitlines()[0]
+    # 5 complete steps (the last is open-ended), 2 of them the prompt's: 3 decode steps of 1000 us kernels
+    assert head.startswith("== agents: 3 steps; per step 10000.0 us, GPU busy 1050.0 us")

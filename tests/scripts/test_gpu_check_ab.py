@@ -14,6 +14,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
 INSTANCE_DIR = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances"
 LIB = "bin/libggml-cuda.so.0.1.0"
+MMA_INSTANCE = "fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_2"
 
 pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
@@ -43,10 +44,11 @@ def _build_folder(root: Path) -> Path:
         f"nvcc = {fake_nvcc}\n",
     ]
     objs = []
-    for name, fn in (("turbo3-turbo3", "value_t3"), ("q8_0-turbo3", "value_q8")):
-        (src / f"fattn-vec-instance-{name}.cu").write_text(f'#include "knob.h"\nint {fn}(void) {{ return VALUE; }}\n')
-        obj = f"{INSTANCE_DIR}/fattn-vec-instance-{name}.cu.o"
-        rules.append(f"build {obj}: nvcc ../../src/fattn-vec-instance-{name}.cu\n")
+    for stem, fn in (("fattn-vec-instance-turbo3-turbo3", "value_t3"), ("fattn-vec-instance-q8_0-turbo3", "value_q8"),
+                     (MMA_INSTANCE, "value_mma")):
+        (src / f"{stem}.cu").write_text(f'#include "knob.h"\nint {fn}(void) {{ return VALUE; }}\n')
+        obj = f"{INSTANCE_DIR}/{stem}.cu.o"
+        rules.append(f"build {obj}: nvcc ../../src/{stem}.cu\n")
         objs.append(obj)
     rules.append(f"build {LIB}: link {' '.join(objs)}\n")
     (build / "build.ninja").write_text("".join(rules))
@@ -60,6 +62,12 @@ def _values(build: Path) -> tuple[int, int]:
     out = subprocess.run([sys.executable, "-c", code, str(build / LIB)], capture_output=True, text=True, check=True)
     t3, q8 = out.stdout.split()
     return int(t3), int(q8)
+
+
+def _value_mma(build: Path) -> int:
+    code = "import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).value_mma())"
+    out = subprocess.run([sys.executable, "-c", code, str(build / LIB)], capture_output=True, text=True, check=True)
+    return int(out.stdout)
 
 
 def _gpu_check(root: Path, out: Path, *phases: str, **env_extra: str) -> subprocess.CompletedProcess:
@@ -125,3 +133,15 @@ def test_variant_needs_flags(tmp_path: Path):
     assert done.returncode != 0
     assert "variant needs VARIANT_DEFS" in done.stderr
     assert not (tmp_path / "build" / "cuda-test" / "ab").exists()
+
+
+def test_variant_of_an_instance_named_by_its_stem(tmp_path: Path):
+    """A tensor-core instance file (not a vector instance by its types) is named by its stem."""
+    build = _build_folder(tmp_path)
+    out = tmp_path / "out"
+    done = _gpu_check(tmp_path, out, "variant", "use-variant", VARIANT_INSTANCES=f"{MMA_INSTANCE} turbo3-turbo3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (_value_mma(build), _values(build)) == (2, (2, 1))
+    done = _gpu_check(tmp_path, out, "use-base", VARIANT_INSTANCES=f"{MMA_INSTANCE} turbo3-turbo3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (_value_mma(build), _values(build)) == (1, (1, 1))
