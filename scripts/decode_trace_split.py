@@ -8,7 +8,9 @@ prints the wall span, the GPU-busy time (union of the kernels' intervals: with P
 the idle time and the kernels by time, two ways: own time, each instant of GPU-busy time given to the
 earliest-started activity still running (a kernel launched with PDL starts early and waits for its
 predecessor, so that instant is the predecessor's work; own times add up to the busy time), and the
-launch-to-end durations, which count that wait too. Per step, with launches per step.
+launch-to-end durations, which count that wait too. Per step, with launches per step. Host calls the trace
+holds ("api NAME" rows: CUDA graph capture, instantiation, update and launch, stream and event waits) are left
+out of the steps and listed after the kernels: time and calls per step, by name, of those starting in a step.
 
   decode_trace_split.py trace.csv [LABEL] [--skip N] [--top K]
 """
@@ -35,9 +37,14 @@ def copy_bytes(name: str) -> int:
     return int(name.split()[3])
 
 
+def is_host_call(name: str) -> bool:
+    return name.startswith("api ")
+
+
 def decode_steps(rows: list[tuple[int, int, str]], after_state_copy: bool = True) -> list[list[tuple[int, int, str]]]:
     """The activities of each decode step, the last (open-ended) step left out; with after_state_copy only those
     after the last large device-to-host copy (llama-bench's saved state; a batch's logits can be as large)."""
+    rows = [r for r in rows if not is_host_call(r[2])]
     big_dtoh = [i for i, r in enumerate(rows) if is_copy(r[2], 2) and copy_bytes(r[2]) > 1 << 20]
     rows = rows[big_dtoh[-1] + 1:] if big_dtoh and after_state_copy else rows
     starts, after_kernel = [], True
@@ -88,6 +95,19 @@ def summarize(step: list[tuple[int, int, str]]) -> tuple[int, int, collections.C
     return nxt[0] - acts[0][0], sum(own.values()), own, by_name, launches
 
 
+def host_calls(step: list[tuple[int, int, str]], calls: list[tuple[int, int, str]]) -> tuple[collections.Counter,
+                                                                                              collections.Counter]:
+    """(time, count) by name of the host calls that start in the step's span."""
+    start, end = step[0][0], step[-1][0]
+    time: collections.Counter = collections.Counter()
+    count: collections.Counter = collections.Counter()
+    for t, dur, name in calls:
+        if start <= t < end:
+            time[name[len("api "):]] += dur
+            count[name[len("api "):]] += 1
+    return time, count
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
@@ -97,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all-steps", action="store_true",
                     help="every step from the trace's start (llama-batched-bench: no saved state; --skip the prompt's)")
     args = ap.parse_args(argv)
-    steps = [summarize(s) for s in decode_steps(read_trace(args.trace), not args.all_steps)][args.skip:]
+    rows = read_trace(args.trace)
+    raw_steps = decode_steps(rows, not args.all_steps)[args.skip:]
+    steps = [summarize(s) for s in raw_steps]
     if not steps:
         print(f"error: {args.trace}: no decode steps found", file=sys.stderr)
         return 1
@@ -116,6 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   {'own us':>9}  {'launch-end':>10}  {'n':>4}  kernel")
     for name, ns in own.most_common(args.top):
         print(f"   {ns / n / 1e3:9.1f}  {total[name] / n / 1e3:10.1f}  {launches[name] / n:4.0f}  {name}")
+    calls = [r for r in rows if is_host_call(r[2])]
+    if calls:
+        call_time: collections.Counter = collections.Counter()
+        call_count: collections.Counter = collections.Counter()
+        for step in raw_steps:
+            t, c = host_calls(step, calls)
+            call_time.update(t)
+            call_count.update(c)
+        print(f"   {'host us':>9}  {'calls':>10}  host call")
+        for name, ns in call_time.most_common():
+            print(f"   {ns / n / 1e3:9.1f}  {call_count[name] / n:10.1f}  {name}")
     return 0
 
 

@@ -211,7 +211,7 @@ for phase in "$@"; do
         tag=$phase${HD:+-hd$HD}-b$nb-d$depth-${kv/\//-}$ab
         if [ $phase = agents-trace ]; then
           CUDA_INJECTION64_PATH=/tmp/libcupti_trace.so CUPTI_TRACE_OUT="$out/$tag.csv" \
-            "build/$(cat $key_file)/bin/llama-batched-bench" "${bb_args[@]}" -ntg 8 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
+            "build/$(cat $key_file)/bin/llama-batched-bench" "${bb_args[@]}" -ntg 16 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
           "$py" scripts/decode_trace_split.py "$out/$tag.csv" "$kv B=$nb" --all-steps --skip $((prefill_steps + 2)) --top 16 > "$out/$tag.txt" 2>> "$out/$tag.log"
           rc=$?; xz -f "$out/$tag.csv"
         else  # the third decode step's first FA launch (16 layers a step)

@@ -80,3 +80,26 @@ def test_all_steps_when_every_step_copies_logits_back(tmp_path: Path):
     head = out.stdout.splitlines()[0]
     # 5 complete steps (the last is open-ended), 2 of them the prompt's: 3 decode steps of 1000 us kernels
     assert head.startswith("== agents: 3 steps; per step 10000.0 us, GPU busy 1050.0 us")
+
+
+def test_host_calls_are_listed_not_counted_as_gpu_work(tmp_path: Path):
+    """"api NAME" rows (cupti_trace.c's runtime records) are host time: not in the steps' spans or busy time, but
+    listed per step by name."""
+    rows = []
+    for step in range(4):
+        t = step * 1_000_000
+        rows += [(t, 10_000, "memcpy kind 1 64 B"),
+                 (t + 20_000, 300_000, "api cudaGraphExecUpdate_v12000"),  # the host, before the launch
+                 (t + 330_000, 10_000, "api cudaGraphLaunch_v10000"),
+                 (t + 400_000, 500_000, "flash_attn_ext_f16<128>(...)")]
+    path = tmp_path / "api.csv"
+    path.write_text("Start (ns),Duration (ns),Name\n" + "".join(f'{s},{d},"{n}"\n' for s, d, n in rows))
+    out = _run(str(path), "graphs", "--all-steps", "--skip", "0")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "== graphs: 3 steps; per step 1000.0 us, GPU busy 510.0 us, idle 490.0 us"
+    kernels = [line.split()[3] for line in lines[2:5]]
+    assert not any(k.startswith("api") or k.startswith("cudaGraph") for k in kernels)
+    calls = lines[lines.index("   " + f"{'host us':>9}  {'calls':>10}  host call"):]
+    assert calls[1].split() == ["300.0", "1.0", "cudaGraphExecUpdate_v12000"]
+    assert calls[2].split() == ["10.0", "1.0", "cudaGraphLaunch_v10000"]
