@@ -64,8 +64,10 @@ static inline const char * cublasGetStatusString(cublasStatus_t) { return ""; }
 """
 
 KERNEL_RE = re.compile(r"_Z18flash_attn_ext_vecILi(\d+)ELi(\d+)EL9ggml_type(\d+)ELS0_(\d+)ELb([01])E(?:Li(\d+)E)?")
-# flash_attn_ext_f16<DKQ, DV, ncols1, ncols2, use_logit_softcap, V_is_K_view, use_sparse, kv_dec>
-MMA_KERNEL_RE = re.compile(r"_Z18flash_attn_ext_f16ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])ELb([01])E")
+# flash_attn_ext_f16<DKQ, DV, ncols1, ncols2, use_logit_softcap, V_is_K_view, use_sparse, kv_dec>; kv_dec a bool, or
+# the K/V type pair the kernel decodes as an int (0: none)
+MMA_KERNEL_RE = re.compile(
+    r"_Z18flash_attn_ext_f16ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])EL[bi](\d+)E")
 
 
 @dataclasses.dataclass

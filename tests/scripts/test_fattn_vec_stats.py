@@ -76,6 +76,9 @@ MMA_NAME = "_Z18flash_attn_ext_f16ILi128ELi128ELi16ELi2ELb0ELb0ELb0ELb1EEvPKcS1_
 def test_mma_kernel_name_template_arguments():
     assert stats.MMA_KERNEL_RE.match(MMA_NAME).groups() == ("128", "128", "16", "2", "0", "0", "0", "1")
     assert not stats.KERNEL_RE.match(MMA_NAME) and not stats.MMA_KERNEL_RE.match(NAME)
+    # kv_dec as the int of the K/V type pair the kernel decodes (one kernel per pair), 0 for none
+    pair = MMA_NAME.replace("ELb1E", "ELi1436E", 1)
+    assert pair != MMA_NAME and stats.MMA_KERNEL_RE.match(pair).groups()[-1] == "1436"
 
 
 def test_mma_tile_loops_are_the_innermost_loops_with_mma():
