@@ -103,8 +103,9 @@ def host_calls(step: list[tuple[int, int, str]], calls: list[tuple[int, int, str
     count: collections.Counter = collections.Counter()
     for t, dur, name in calls:
         if start <= t < end:
-            time[name[len("api "):]] += dur
-            count[name[len("api "):]] += 1
+            call = name.removeprefix("api ")
+            time[call] += dur
+            count[call] += 1
     return time, count
 
 

@@ -56,18 +56,22 @@ def _build_folder(root: Path) -> Path:
     return build
 
 
-def _values(build: Path) -> tuple[int, int]:
+def _call(build: Path, *functions: str) -> list[int]:
+    """The library's functions' values, loaded in a fresh process (each side's library as it is on disk)."""
     code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
-            "print(lib.value_t3(), lib.value_q8())")
-    out = subprocess.run([sys.executable, "-c", code, str(build / LIB)], capture_output=True, text=True, check=True)
-    t3, q8 = out.stdout.split()
-    return int(t3), int(q8)
+            "print(*(getattr(lib, f)() for f in sys.argv[2:]))")
+    out = subprocess.run([sys.executable, "-c", code, str(build / LIB), *functions],
+                         capture_output=True, text=True, check=True)
+    return [int(v) for v in out.stdout.split()]
+
+
+def _values(build: Path) -> tuple[int, int]:
+    t3, q8 = _call(build, "value_t3", "value_q8")
+    return t3, q8
 
 
 def _value_mma(build: Path) -> int:
-    code = "import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).value_mma())"
-    out = subprocess.run([sys.executable, "-c", code, str(build / LIB)], capture_output=True, text=True, check=True)
-    return int(out.stdout)
+    return _call(build, "value_mma")[0]
 
 
 def _gpu_check(root: Path, out: Path, *phases: str, **env_extra: str) -> subprocess.CompletedProcess:
