@@ -7,7 +7,7 @@
 #   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | heads | pp | agents
 #                                                | trace | ncu | kld | kscale | ops-hadamard | gates | needle
 #                                                | before | variant | use-base | use-variant | tg
-#                                                | agents-trace | agents-ncu
+#                                                | agents-trace | agents-ncu | fa-perf
 #
 # heads reads HEADS (default 64 256 512) and TAG: decode at depth 0, 32k and 128k on the GQA-4 shapes of
 # issue 16 with those head sizes (16 layers; hd64 and hd256 at n_embd 2048, hd512 at 4096).
@@ -42,6 +42,9 @@
 # DEPTH prefix, default 32768, -kvu -pps): the decode steps after the prefix's ubatches, and the third decode step's
 # first tensor-core FA launch (ncu --set full; the SASS page with its stall samples as CSV).
 # pp reads PROMPTS (default 16,32,64,512): prompt sizes at depth 0 and 32k.
+# fa-perf times the FA kernel alone (test-backend-ops perf) on the cases of FA_PERF_PATTERN (a params regex; default
+# the long-context cases of issue 16's shapes: 1-512 queries, turbo3/turbo3 and q8_0/turbo3 against f16/f16) and
+# tabulates them with scripts/fa_perf_table.py (fa-perf*/table.md; several sides: run the script on their perf.txt).
 #
 # kld reads KLD_MODELS (GGUF paths, space-separated): the turbo-kld protocol (ctx 1024, 12 chunks of
 # the gate text, KLD to f16 K/V) on CUDA and on the CPU, and turbo3 without the key scale.
@@ -121,6 +124,13 @@ for phase in "$@"; do
       summary "FLASH_ATTN_EXT turbo" "$out/ops-fa-turbo.log" $? ;;
     ops-fa)
       ops -o FLASH_ATTN_EXT -b CUDA0 > "$out/ops-fa.log" 2>&1; summary "FLASH_ATTN_EXT all" "$out/ops-fa.log" $? ;;
+    fa-perf)
+      tag=fa-perf${TAG:-}$ab
+      mkdir -p "$out/$tag"
+      ops perf -o FLASH_ATTN_EXT -b CUDA0 -p "${FA_PERF_PATTERN:-nr23=\[[24],1\],kv=(32768|131072),}" > "$out/$tag/perf.txt" 2>&1
+      rc=$?
+      "$py" scripts/fa_perf_table.py "${tag#fa-perf-}=$out/$tag/perf.txt" > "$out/$tag/table.md" 2>> "$out/$tag/perf.txt"
+      echo "$tag: exit $rc, $(grep -c 'us/run' "$out/$tag/perf.txt") timed cases, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt" ;;
     bench)  # the 886M hd128 shape of shared/measurements.md: decode at depth 0, 32k, 128k
       pf bench --build "$(cat $key_file)" -m "$model_886m" \
         --kv f16/f16,turbo3/turbo3,q8_0/turbo3 -d 0,32768,131072 --flags '-fa 1 -ngl 99' -n 64 -r 2 \

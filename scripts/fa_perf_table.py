@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Flash-attention kernel times from `test-backend-ops perf -o FLASH_ATTN_EXT` as ratios to f16/f16.
+
+Reads the console output of one or more runs (each optionally named, NAME=FILE: e.g. the base and a variant
+library of `scripts/gpu_check.sh`), groups the FLASH_ATTN_EXT cases by shape (head size, K/V heads, GQA, KV
+length, queries) and prints, per shape and run, each K/V pair's time per run and its speed relative to f16/f16 of
+the same run and shape (f16 time / pair time: above 1 is faster than f16). With two or more runs, the last column
+of each pair is its speed in that run relative to the first run.
+
+  fa_perf_table.py base=OUT/fa-perf-base/perf.txt nostage=OUT/fa-perf-nostage/perf.txt [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+# "  FLASH_ATTN_EXT(hsk=128,...,type_K=turbo3,type_V=turbo3,...):      1234 runs -    56.78 us/run - ..."
+LINE = re.compile(r"^\s*FLASH_ATTN_EXT\((?P<params>[^)]*)\):\s+(?P<runs>\d+) runs -\s+(?P<us>[\d.]+) us/run")
+PARAM = re.compile(r"(\w+)=(\[[^\]]*\]|[^,]*)")
+
+SHAPE_KEYS = ("hsk", "hsv", "nh", "nr23", "kv", "nb", "mask", "sinks", "max_bias", "logit_softcap", "prec",
+              "permute", "kv_view", "v_is_view_of_k", "n_kv_max")
+REFERENCE = "f16/f16"
+
+
+def parse_params(text: str) -> dict[str, str]:
+    return {key: value for key, value in PARAM.findall(text)}
+
+
+def parse_perf(text: str) -> dict[tuple, dict[str, float]]:
+    """{shape: {"K/V": microseconds per run}} of the FLASH_ATTN_EXT lines with a time."""
+    times: dict[tuple, dict[str, float]] = {}
+    for line in text.splitlines():
+        match = LINE.match(line)
+        if not match:
+            continue
+        params = parse_params(match["params"])
+        if "type_K" not in params or "type_V" not in params:
+            raise ValueError(f"FLASH_ATTN_EXT line without K/V types: {line.strip()[:120]}")
+        shape = tuple((key, params.get(key, "")) for key in SHAPE_KEYS)
+        times.setdefault(shape, {})[f"{params['type_K']}/{params['type_V']}"] = float(match["us"])
+    return times
+
+
+def shape_label(shape: tuple) -> str:
+    p = dict(shape)
+    return f"D={p['hsk']} kv_heads={p['nh']} gqa={p['nr23']} kv={p['kv']} queries={p['nb']}"
+
+
+def table(runs: list[tuple[str, dict[tuple, dict[str, float]]]]) -> list[dict]:
+    """One row per (shape, run, pair): time, speed relative to f16/f16, speed relative to the first run."""
+    # numerically by head size, heads, GQA, KV length, queries (the numbers inside each value)
+    shapes = sorted({shape for _, times in runs for shape in times},
+                    key=lambda s: tuple(tuple(int(x) for x in re.findall(r"\d+", v)) for _, v in s))
+    rows = []
+    first = runs[0][1]
+    for shape in shapes:
+        for name, times in runs:
+            pairs = times.get(shape, {})
+            ref = pairs.get(REFERENCE)
+            for pair, us in pairs.items():
+                base = first.get(shape, {}).get(pair)
+                rows.append({
+                    "shape": shape_label(shape), "run": name, "pair": pair, "us": us,
+                    "vs_f16": ref / us if ref and pair != REFERENCE else None,
+                    "vs_first_run": base / us if base and len(runs) > 1 and times is not first else None,
+                })
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    out = ["| shape | run | K/V | us/run | speed vs f16/f16 | speed vs first run |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        vs_f16 = f"{row['vs_f16']:.2f}" if row["vs_f16"] is not None else "-"
+        vs_first = f"{row['vs_first_run']:.2f}" if row["vs_first_run"] is not None else "-"
+        out.append(f"| {row['shape']} | {row['run']} | {row['pair']} | {row['us']:.2f} | {vs_f16} | {vs_first} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", metavar="[NAME=]FILE")
+    ap.add_argument("--json", action="store_true", help="rows as JSON instead of a markdown table")
+    args = ap.parse_args(argv)
+
+    runs = []
+    for spec in args.runs:
+        name, _, path = spec.rpartition("=")
+        path_obj = Path(path)
+        if not path_obj.is_file():
+            print(f"fa_perf_table: no file {path}", file=sys.stderr)
+            return 2
+        times = parse_perf(path_obj.read_text(errors="replace"))
+        if not times:
+            print(f"fa_perf_table: no FLASH_ATTN_EXT times in {path}", file=sys.stderr)
+            return 1
+        runs.append((name or path_obj.parent.name or path, times))
+
+    rows = table(runs)
+    print(json.dumps(rows, indent=1) if args.json else render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
