@@ -36,8 +36,9 @@
 # other settings.
 # trace and ncu read DEPTH (default 131072), KV (default "f16/f16 turbo3/turbo3 q8_0/turbo3") and HD (the
 # head size of the shape, default 128: the 886M): trace records a llama-bench decode with scripts/cupti_trace.c and splits it into steps
-# (decode_trace_split.py: own and launch-to-end time per kernel); ncu profiles two launches of the vector FA
-# kernel in the second decode step (ncu must be on PATH).
+# (decode_trace_split.py: own and launch-to-end time per kernel), or with TRACE_PROMPT (e.g. 512) one prompt batch
+# of that many tokens at DEPTH (the step after llama-bench saves the prefilled state); ncu profiles two launches of
+# the vector FA kernel in the second decode step (ncu must be on PATH).
 # agents-trace and agents-ncu do the same for llama-batched-bench's agents (AGENTS_B agents, default 16, sharing a
 # DEPTH prefix, default 32768, -kvu -pps): the decode steps after the prefix's ubatches, and the third decode step's
 # first tensor-core FA launch (ncu --set full; the SASS page with its stall samples as CSV).
@@ -192,20 +193,23 @@ for phase in "$@"; do
     trace|ncu)  # one decode step's kernels (trace) / the FA kernel's counters (ncu), same model, at DEPTH
       model=$(model_file "$(random_model "$(head_shape ${HD:-128})")") || exit 1
       bench_bin="build/$(cat $key_file)/bin/llama-bench"
-      bench_args=(-m "$model" -p 0 -d "${DEPTH:-131072}" -fa 1 -ngl 99 -r 1 --no-warmup)
+      bench_args=(-m "$model" -d "${DEPTH:-131072}" -fa 1 -ngl 99 -r 1 --no-warmup)
       [ $phase = trace ] && { cupti_trace_lib || exit 1; }
+      # decode: 8 tokens, the first 2 steps left out; a prompt batch: one step, the only one after the state's save
+      trace_run=(-p 0 -n 8) trace_skip=2
+      [ -n "${TRACE_PROMPT:-}" ] && trace_run=(-p "$TRACE_PROMPT" -n 0) trace_skip=0
       for kv in ${KV:-f16/f16 turbo3/turbo3 q8_0/turbo3}; do
-        tag=$phase${HD:+-hd$HD}-${kv/\//-}$ab
+        tag=$phase${HD:+-hd$HD}${TRACE_PROMPT:+-pp$TRACE_PROMPT}-${kv/\//-}$ab
         if [ $phase = trace ]; then
           CUDA_INJECTION64_PATH=/tmp/libcupti_trace.so CUPTI_TRACE_OUT="$out/$tag.csv" \
-            "$bench_bin" "${bench_args[@]}" -n 8 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
-          "$py" scripts/decode_trace_split.py "$out/$tag.csv" "$kv" --skip 2 --top 16 > "$out/$tag.txt" 2>> "$out/$tag.log"
+            "$bench_bin" "${bench_args[@]}" "${trace_run[@]}" -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
+          "$py" scripts/decode_trace_split.py "$out/$tag.csv" "$kv" --skip $trace_skip --top 16 > "$out/$tag.txt" 2>> "$out/$tag.log"
           rc=$?; xz -f "$out/$tag.csv"
         else  # the second decode step's first two FA launches (the vector kernel decodes one token)
           ncu -f -o "$out/$tag" --kernel-name regex:flash_attn_ext_vec --launch-skip 16 --launch-count 2 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
             --section Occupancy --section LaunchStats --section InstructionStats --section ComputeWorkloadAnalysis \
-            "$bench_bin" "${bench_args[@]}" -n 2 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
+            "$bench_bin" "${bench_args[@]}" -p 0 -n 2 -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
           rc=$?; ncu --import "$out/$tag.ncu-rep" --page details > "$out/$tag.txt" 2>> "$out/$tag.log"
         fi
         echo "$tag: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
