@@ -67,7 +67,7 @@ def table(runs: list[tuple[str, dict[tuple, dict[str, float]]]]) -> list[dict]:
                 rows.append({
                     "shape": shape_label(shape), "run": name, "pair": pair, "us": us,
                     "vs_f16": ref / us if ref and pair != REFERENCE else None,
-                    "vs_first_run": base / us if base and len(runs) > 1 and times is not first else None,
+                    "vs_first_run": base / us if base and times is not first else None,
                 })
     return rows
 
@@ -94,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         if not path_obj.is_file():
             print(f"fa_perf_table: no file {path}", file=sys.stderr)
             return 2
-        times = parse_perf(path_obj.read_text(errors="replace"))
+        try:
+            times = parse_perf(path_obj.read_text(errors="replace"))
+        except ValueError as e:
+            print(f"fa_perf_table: {path}: {e}", file=sys.stderr)
+            return 1
         if not times:
             print(f"fa_perf_table: no FLASH_ATTN_EXT times in {path}", file=sys.stderr)
             return 1
