@@ -18,7 +18,8 @@
 # build reads BUILD_DIFF (a path under the repository): a device-only diff applied on top of the chain before
 # building, e.g. an experiment behind a macro for the variant phase; the tree then differs from the chain.
 # variant reads VARIANT_DEFS (nvcc flags, e.g. -DEXP_KNOB=1), VARIANT_INSTANCES (fattn-vec instances by their
-# types, other instance files by their stems, e.g. fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_2; default the
+# types, other instance files by their stems, e.g. fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_2, ggml-cuda's own
+# sources by file name, e.g. fattn.cu; default the
 # six vector instances with turbo V; the use phases read it too) and VARIANT_NAME (default variant): it keeps the
 # build's objects of those instances and compiles them once more with the flags, as that name. use-base and
 # use-variant (the set named VARIANT_NAME) put one set into the build and relink the CUDA library by hand
@@ -86,9 +87,14 @@ ab=  # "-before" after the before phase
 variant_instances=${VARIANT_INSTANCES:-turbo2-turbo2 turbo3-turbo3 turbo4-turbo4 q8_0-turbo2 q8_0-turbo3 q8_0-turbo4}
 variant_name=${VARIANT_NAME:-variant}
 case $variant_name in base|*[!a-z0-9_]*) echo "VARIANT_NAME must be lowercase letters, digits or _, not base" >&2; exit 2 ;; esac
-# a vector-kernel instance by its types (turbo3-turbo3), any other instance file by its stem (fattn-mma-f16-...)
+# a vector-kernel instance by its types (turbo3-turbo3), any other instance file by its stem (fattn-mma-f16-...),
+# a source of ggml-cuda itself by its file name (fattn.cu: the kernel choice)
 instance_obj() {
-  case $1 in fattn-*) f=$1 ;; *) f=fattn-vec-instance-$1 ;; esac
+  case $1 in
+    *.cu) echo "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/$1.o"; return ;;
+    fattn-*) f=$1 ;;
+    *) f=fattn-vec-instance-$1 ;;
+  esac
   echo "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/$f.cu.o"
 }
 # scripts/cupti_trace.c built once per machine, for the trace phases

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
-INSTANCE_DIR = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances"
+CUDA_DIR = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir"
+INSTANCE_DIR = f"{CUDA_DIR}/template-instances"
 LIB = "bin/libggml-cuda.so.0.1.0"
 MMA_INSTANCE = "fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_2"
 
@@ -45,9 +46,10 @@ def _build_folder(root: Path) -> Path:
     ]
     objs = []
     for stem, fn in (("fattn-vec-instance-turbo3-turbo3", "value_t3"), ("fattn-vec-instance-q8_0-turbo3", "value_q8"),
-                     (MMA_INSTANCE, "value_mma")):
+                     (MMA_INSTANCE, "value_mma"), ("fattn", "value_fattn")):
         (src / f"{stem}.cu").write_text(f'#include "knob.h"\nint {fn}(void) {{ return VALUE; }}\n')
-        obj = f"{INSTANCE_DIR}/{stem}.cu.o"
+        # ggml-cuda's own sources sit above the instances' folder
+        obj = f"{CUDA_DIR}/{stem}.cu.o" if stem == "fattn" else f"{INSTANCE_DIR}/{stem}.cu.o"
         rules.append(f"build {obj}: nvcc ../../src/{stem}.cu\n")
         objs.append(obj)
     rules.append(f"build {LIB}: link {' '.join(objs)}\n")
@@ -149,3 +151,15 @@ def test_variant_of_an_instance_named_by_its_stem(tmp_path: Path):
     done = _gpu_check(tmp_path, out, "use-base", VARIANT_INSTANCES=f"{MMA_INSTANCE} turbo3-turbo3")
     assert done.returncode == 0, done.stdout + done.stderr
     assert (_value_mma(build), _values(build)) == (1, (1, 1))
+
+
+def test_variant_of_a_cuda_source_named_by_its_file(tmp_path: Path):
+    """fattn.cu (the kernel choice) is compiled and swapped like an instance, alone or with instances."""
+    build = _build_folder(tmp_path)
+    out = tmp_path / "out"
+    done = _gpu_check(tmp_path, out, "variant", "use-variant", VARIANT_INSTANCES="fattn.cu", VARIANT_NAME="choice")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (_call(build, "value_fattn")[0], _value_mma(build), _values(build)) == (2, 1, (1, 1))
+    done = _gpu_check(tmp_path, out, "use-base", VARIANT_INSTANCES="fattn.cu", VARIANT_NAME="choice")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _call(build, "value_fattn")[0] == 1
