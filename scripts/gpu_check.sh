@@ -90,12 +90,12 @@ case $variant_name in base|*[!a-z0-9_]*) echo "VARIANT_NAME must be lowercase le
 # a vector-kernel instance by its types (turbo3-turbo3), any other instance file by its stem (fattn-mma-f16-...),
 # a source of ggml-cuda itself by its file name (fattn.cu: the kernel choice)
 instance_obj() {
+  local dir=ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir
   case $1 in
-    *.cu) echo "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/$1.o"; return ;;
-    fattn-*) f=$1 ;;
-    *) f=fattn-vec-instance-$1 ;;
+    *.cu) echo "$dir/$1.o" ;;
+    fattn-*) echo "$dir/template-instances/$1.cu.o" ;;
+    *) echo "$dir/template-instances/fattn-vec-instance-$1.cu.o" ;;
   esac
-  echo "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances/$f.cu.o"
 }
 # scripts/cupti_trace.c built once per machine, for the trace phases
 cupti_trace_lib() {

@@ -154,7 +154,7 @@ def test_variant_of_an_instance_named_by_its_stem(tmp_path: Path):
 
 
 def test_variant_of_a_cuda_source_named_by_its_file(tmp_path: Path):
-    """fattn.cu (the kernel choice) is compiled and swapped like an instance, alone or with instances."""
+    """fattn.cu (the kernel choice) is compiled and swapped like an instance; the instances stay the build's."""
     build = _build_folder(tmp_path)
     out = tmp_path / "out"
     done = _gpu_check(tmp_path, out, "variant", "use-variant", VARIANT_INSTANCES="fattn.cu", VARIANT_NAME="choice")
