@@ -7,7 +7,7 @@
 #   scripts/gpu_check.sh OUT PHASE...     PHASE: build | ops-turbo | ops-fa | bench | heads | pp | agents
 #                                                | trace | ncu | kld | kscale | ops-hadamard | gates | needle
 #                                                | before | variant | use-base | use-variant | tg
-#                                                | agents-trace | agents-ncu | fa-perf
+#                                                | agents-trace | agents-ncu | fa-perf | pack | prebuilt
 #
 # heads reads HEADS (default 64 256 512) and TAG: decode at depth 0, 32k and 128k on the GQA-4 shapes of
 # issue 16 with those head sizes (16 layers; hd64 and hd256 at n_embd 2048, hd512 at 4096).
@@ -56,6 +56,16 @@
 # needle reads NEEDLE_MODEL (Gemma 3 270M GGUF), NEEDLE_SEEDS (default 18 19 20) and NEEDLE_N (default 16):
 # gates/needle/gate_needle.py on CUDA and on the CPU (--device none), turbo keys with and without the scale.
 #
+# pack and prebuilt move the device's slowest step, the CUDA build (about 340 s cold there), to a host without a
+# GPU: nvcc is enough there, with cuBLAS from the nvidia-cublas wheel (build -D CUDA_cublas_LIBRARY=...) and,
+# where the toolkit has no lib64/stubs, a libcuda stub (-D CUDA_cuda_driver_LIBRARY=...). pack, on that host:
+# the build's manifest, bin/ and the library sides the use phases linked (ab/lib-SIDE.so), as OUT/prebuilt.tar.xz
+# under the build's own absolute path (its manifest and the binaries' run paths name it). prebuilt, on the GPU
+# machine, reads PREBUILT (that archive) and BUILD_DIFF: vendors and applies as build does, unpacks the archive
+# at that path, links it in as build/KEY, and finds the machine's cuBLAS and CUDA runtime for the binaries
+# (prebuilt.env in the build folder, read at the top of every later call). The use phases of a prebuilt build
+# copy the side's linked library in; variant needs a build folder of its own.
+#
 # Each phase writes its log and a one-line summary under OUT; a failing step stops the phase.
 set -u
 out=${1:?usage: gpu_check.sh OUT PHASE...}; shift
@@ -83,6 +93,13 @@ head_shape() {
 model_886m=$(random_model "$(head_shape 128)")
 model_file() { pf models fetch "$1" > /dev/null && pf models path "$1"; }
 ops() { "build/$(cat $key_file)/bin/test-backend-ops" "$@"; }
+# a prebuilt build's binaries find the machine's cuBLAS and CUDA runtime through this
+[ -s $key_file ] && [ -f "build/$(cat $key_file)/prebuilt.env" ] && . "build/$(cat $key_file)/prebuilt.env"
+# the tree a build compiles: the pinned pack vendored, the chain applied, BUILD_DIFF on top
+prepare_tree() {
+  pf vendor fetch --source .whl/llama.tar.xz --force > "$1" 2>&1 && pf apply >> "$1" 2>&1 &&
+    { [ -z "${BUILD_DIFF:-}" ] || ( cd vendor/llama.cpp && git apply "$OLDPWD/$BUILD_DIFF" ) >> "$1" 2>&1; }
+}
 ab=  # "-before" after the before phase
 variant_instances=${VARIANT_INSTANCES:-turbo2-turbo2 turbo3-turbo3 turbo4-turbo4 q8_0-turbo2 q8_0-turbo3 q8_0-turbo4}
 variant_name=${VARIANT_NAME:-variant}
@@ -112,9 +129,7 @@ for phase in "$@"; do
   start=$(date +%s)
   case $phase in
     build)
-      pf vendor fetch --source .whl/llama.tar.xz --force > "$out/build.log" 2>&1 &&
-        pf apply >> "$out/build.log" 2>&1 &&
-        { [ -z "${BUILD_DIFF:-}" ] || ( cd vendor/llama.cpp && git apply "$OLDPWD/$BUILD_DIFF" ) >> "$out/build.log" 2>&1; } &&
+      prepare_tree "$out/build.log" &&
         pf build --cuda --arch 90 --target test-backend-ops --target llama-bench --target llama-batched-bench \
           --target llama-perplexity --target llama-server \
           --json > "$out/build.json" 2>> "$out/build.log"
@@ -306,13 +321,50 @@ print(" ".join("d%s %.1f" % (r.get("n_depth", "?"), r["avg_ts"]) for r in map(js
     use-base|use-variant)
       side=${phase#use-}; [ $side = variant ] && side=$variant_name
       B=build/$(cat $key_file)
-      for t in $variant_instances; do cp "$B/ab/$side-$t.o" "$B/$(instance_obj $t)" || exit 1; done
       lib=$(cd "$B" && ls bin/libggml-cuda.so.*.*.* | head -1)
-      link=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$lib" | tail -1)
-      ( cd "$B" && eval "$link" ) > "$out/relink-$side.log" 2>&1
+      if [ -f "$B/build.ninja" ]; then
+        for t in $variant_instances; do cp "$B/ab/$side-$t.o" "$B/$(instance_obj $t)" || exit 1; done
+        link=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$lib" | tail -1)
+        ( cd "$B" && eval "$link" ) > "$out/relink-$side.log" 2>&1 &&
+          cp "$B/$lib" "$B/ab/lib-$side.so"  # this side linked, for pack
+      else  # prebuilt: the side came linked
+        cp "$B/ab/lib-$side.so" "$B/$lib"
+      fi
       rc=$?
       ab=-$side
       echo "use $side: exit $rc, libggml-cuda md5 $(md5sum < "$B/$lib" | cut -c1-12)" | tee -a "$out/summary.txt"
+      [ $rc = 0 ] || exit 1 ;;
+    pack)
+      B=$(realpath "build/$(cat $key_file)")
+      [ -f "$B/manifest.json" ] || { echo "pack: $B is not a finished build" >&2; exit 1; }
+      # one xz stream with a window larger than a library: the sides differ in a few objects and pack to little more
+      ( cd "$B" && ls manifest.json; find bin -maxdepth 1 \( -type f -o -type l \); ls ab/lib-*.so 2>/dev/null ) |
+        sed "s#^#${B#/}/#" | tar -C / -cf - -T - | xz -6 --lzma2=preset=6,dict=512MiB -T1 > "$out/prebuilt.tar.xz"
+      rc=$?
+      echo "pack: exit $rc, $(du -m "$out/prebuilt.tar.xz" | cut -f1) MB, sides: $(cd "$B" && ls ab/lib-*.so 2>/dev/null | tr '\n' ' ')" |
+        tee -a "$out/summary.txt" ;;
+    prebuilt)
+      prepare_tree "$out/prebuilt.log" && tar -C / -xvJf "${PREBUILT:?prebuilt needs PREBUILT=archive}" > "$out/prebuilt.files" 2>> "$out/prebuilt.log"
+      rc=$?
+      dir=/$(grep -m1 'manifest.json$' "$out/prebuilt.files" | sed 's#/manifest.json$##')
+      key=$(basename "$dir")
+      if [ $rc = 0 ] && [ -f "$dir/manifest.json" ]; then
+        mkdir -p build
+        [ "$(realpath "build/$key" 2>/dev/null)" = "$dir" ] || ln -sfn "$dir" "build/$key"
+        echo "$key" > $key_file
+        libdirs=
+        for so in libcublas.so.13 libcudart.so.13; do
+          found=$(find /usr/local /usr/lib /usr/lib64 /opt -name "$so" 2>/dev/null | head -1)
+          [ -n "$found" ] && libdirs=$libdirs${libdirs:+:}$(dirname "$found")
+        done
+        echo "export LD_LIBRARY_PATH=$libdirs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" > "$dir/prebuilt.env"
+        . "$dir/prebuilt.env"
+        missing=$(ldd "$dir/bin/test-backend-ops" "$dir/bin/libggml-cuda.so" | grep 'not found' | sort -u | tr -s ' \t\n' ' ')
+        [ -z "$missing" ] || { rc=1; echo "prebuilt: libraries not found: $missing" >> "$out/prebuilt.log"; }
+      else
+        rc=1
+      fi
+      echo "prebuilt: exit $rc, key $key, libraries from ${libdirs:-?}, $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
       [ $rc = 0 ] || exit 1 ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac

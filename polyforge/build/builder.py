@@ -42,7 +42,7 @@ _CONFIGURED = ".polyforge-configured"
 # Offline: the server UI would download prebuilt assets; FetchContent must never reach out.
 OFFLINE_ARGS = ("-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DFETCHCONTENT_FULLY_DISCONNECTED=ON")
 _DEFINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?::[A-Z]+)?=(.*)$")
-_ARCH = re.compile(r"^(?:sm_|compute_)?(\d{2,3}[a-z]?)(?:-(?:real|virtual))?$")
+_ARCH = re.compile(r"^(?:sm_|compute_)?(\d{2,3}[a-z]?(?:-(?:real|virtual))?)$")
 _FA_TYPES = re.compile(r"set\s*\(\s*FA_TYPES\s+([^)]*)\)")
 
 # x86-64 builds leave out ggml's AMX kernels: on AMX machines (Sapphire Rapids and later) a native
@@ -211,9 +211,9 @@ def _plan(chain, options: BuildOptions) -> Plan:
     project = chain.project
     source = tree.path
     applied = [(a.name, a.sha256) for a in tree.applied()]
-    tools = toolchain.describe(options.cuda)
-    notes: list[str] = []
     defines = dict(options.defines)
+    tools = toolchain.describe(options.cuda, defines.get("CUDA_cublas_LIBRARY"))
+    notes: list[str] = []
     cache_args = [f"-DCMAKE_BUILD_TYPE={options.build_type}", "-DBUILD_SHARED_LIBS=ON", *OFFLINE_ARGS,
                   f"-DCMAKE_C_COMPILER={tools['cc']}", f"-DCMAKE_CXX_COMPILER={tools['cxx']}"]
     option_inputs: dict = {"cuda": options.cuda, "build_type": options.build_type}

@@ -68,9 +68,11 @@ def local_gpu_archs() -> list[str]:
     return sorted(set(archs))
 
 
-def describe(cuda: bool) -> dict:
+def describe(cuda: bool, cublas_library: str | None = None) -> dict:
     """The tools a build compiles with and their versions (part of the build key); fails, with
-    the fix, on what the build needs and this machine lacks."""
+    the fix, on what the build needs and this machine lacks. `cublas_library` is the build's
+    CUDA_cublas_LIBRARY define: a cuBLAS outside the toolkit (a GPU-less build host with the
+    nvidia-cublas wheel, say), which then replaces the search."""
     cc, cxx = find_compiler("CC", "cc"), find_compiler("CXX", "c++")
     if cxx is None or cc is None:
         raise EnvironmentProblem("no C/C++ compiler found (cc, c++ or $CC, $CXX)",
@@ -82,7 +84,11 @@ def describe(cuda: bool) -> dict:
         if nvcc is None:
             raise EnvironmentProblem("--cuda needs nvcc, and none was found (PATH, $CUDACXX, /usr/local/cuda/bin)",
                                      hint="install the CUDA toolkit or set CUDACXX")
-        if find_cublas(nvcc) is None:
+        if cublas_library is not None:
+            if not os.path.isfile(cublas_library):
+                raise EnvironmentProblem(f"CUDA_cublas_LIBRARY={cublas_library} is not a file",
+                                         hint="name libcublas.so of the cuBLAS to link, or leave the define out")
+        elif find_cublas(nvcc) is None:
             raise EnvironmentProblem(f"--cuda needs cuBLAS (libcublas.so), and the CUDA toolkit of {nvcc} has none",
                                      hint="install the toolkit's cuBLAS (e.g. apt-get install libcublas-dev-13-0)")
         info["nvcc"] = nvcc

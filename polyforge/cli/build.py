@@ -18,7 +18,7 @@ from .render import build_with_progress, emit_json, say
 @app.command()
 def build(
     cuda: bool = typer.Option(False, "--cuda", help="Build the CUDA backend (GGML_CUDA=ON)."),
-    arch: Optional[str] = typer.Option(None, "--arch", help="CUDA architectures, e.g. 90 or 90,120 (default: the local GPU's)."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="CUDA architectures, e.g. 90 or 90,120; 90-real leaves out PTX (default: the local GPU's)."),
     target: Optional[List[str]] = typer.Option(None, "--target", help="Build these targets instead of the defaults."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile jobs (ninja's default otherwise)."),
     build_type: str = typer.Option("Release", "--type", help="Release, Debug or RelWithDebInfo."),

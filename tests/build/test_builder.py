@@ -44,8 +44,9 @@ def test_bad_options(kwargs, fragment):
 
 
 def test_arch_spellings_normalise():
-    options = build_lib.BuildOptions.make(cuda=True, arch="sm_90,120a;86-real")
-    assert options.archs == ("90", "120a", "86")
+    """sm_/compute_ prefixes go; CMake's -real/-virtual suffix stays: 90-real builds no PTX, 90 builds both."""
+    options = build_lib.BuildOptions.make(cuda=True, arch="sm_90,120a;86-real,compute_89-virtual")
+    assert options.archs == ("90", "120a", "86-real", "89-virtual")
 
 
 def test_key_is_stable_and_tracks_every_input(tiny, monkeypatch):
@@ -69,7 +70,7 @@ def test_key_is_stable_and_tracks_every_input(tiny, monkeypatch):
     assert [c["name"] for c in patched.inputs["chain"]] == ["0001-edit-cli.patch"]
     # the toolchain is part of the key
     real = toolchain.describe
-    monkeypatch.setattr(toolchain, "describe", lambda cuda: {**real(cuda), "cxx_version": "g++ 99.0"})
+    monkeypatch.setattr(toolchain, "describe", lambda cuda, cublas=None: {**real(cuda, cublas), "cxx_version": "g++ 99.0"})
     assert _plan(tiny).key != patched.key
 
 

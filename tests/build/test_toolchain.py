@@ -52,3 +52,15 @@ def test_describe_needs_a_compiler_and_for_cuda_nvcc_and_cublas(monkeypatch):
     monkeypatch.setenv("CC", "no-such-cc")
     with pytest.raises(EnvironmentProblem, match="no C/C\\+\\+ compiler"):
         toolchain.describe(cuda=False)
+
+
+def test_describe_takes_a_cublas_named_by_the_build(tmp_path, monkeypatch):
+    """CUDA_cublas_LIBRARY (a GPU-less build host with the nvidia-cublas wheel) replaces the
+    toolkit search; a name that is not a file is refused before cmake runs."""
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: "/usr/bin/true")
+    monkeypatch.setattr(toolchain, "find_cublas", lambda nvcc: None)
+    lib = tmp_path / "libcublas.so.13"
+    lib.write_bytes(b"")
+    assert toolchain.describe(cuda=True, cublas_library=str(lib))["nvcc"] == "/usr/bin/true"
+    with pytest.raises(EnvironmentProblem, match="CUDA_cublas_LIBRARY=.* is not a file"):
+        toolchain.describe(cuda=True, cublas_library=str(tmp_path / "missing.so"))

@@ -163,3 +163,30 @@ def test_variant_of_a_cuda_source_named_by_its_file(tmp_path: Path):
     done = _gpu_check(tmp_path, out, "use-base", VARIANT_INSTANCES="fattn.cu", VARIANT_NAME="choice")
     assert done.returncode == 0, done.stdout + done.stderr
     assert _call(build, "value_fattn")[0] == 1
+
+
+def test_pack_carries_each_side_linked_and_a_prebuilt_build_swaps_them(tmp_path: Path):
+    """pack keeps the sides the use phases linked; on a machine with only the unpacked archive (no build.ninja,
+    no objects) use-variant and use-base copy those libraries in."""
+    build = _build_folder(tmp_path)
+    (build / "manifest.json").write_text("{}\n")
+    out = tmp_path / "out"
+    done = _gpu_check(tmp_path, out, "variant", "use-variant", "use-base", "pack")
+    assert done.returncode == 0, done.stdout + done.stderr
+    archive = out / "prebuilt.tar.xz"
+    names = subprocess.run(["tar", "-tJf", str(archive)], capture_output=True, text=True, check=True).stdout.split()
+    rel = str(build)[1:]
+    assert sorted(names) == sorted(f"{rel}/{n}" for n in ("manifest.json", LIB, "ab/lib-base.so", "ab/lib-variant.so"))
+
+    shutil.rmtree(build)  # the GPU machine: the archive at the build's own path, nothing compiled there
+    subprocess.run(["tar", "-C", "/", "-xJf", str(archive)], check=True)
+    assert not (build / "build.ninja").exists()
+    assert _values(build) == (1, 1)
+    done = _gpu_check(tmp_path, out, "use-variant")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _values(build) == (2, 1)
+    done = _gpu_check(tmp_path, out, "use-base")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _values(build) == (1, 1)
+    done = _gpu_check(tmp_path, out, "use-variant", VARIANT_NAME="never")
+    assert done.returncode != 0  # a side that was not packed
