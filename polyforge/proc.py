@@ -152,10 +152,28 @@ def _kill_group(child: "subprocess.Popen", sig: int) -> None:
         child.wait()
 
 
+def _die_with_parent(parent: int) -> "Callable[[], None] | None":
+    """A preexec_fn (Linux) that has the kernel kill the child when the process that started it dies, also by
+    SIGKILL, which runs no cleanup: a gate program killed at its timeout must not leave its server running."""
+    import sys
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arm() -> None:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG; survives exec
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+    return arm
+
+
 class Background:
     """A long-running child (a server) in its own process group, output to a log file.
 
-    Use as a context manager: the whole group is stopped on exit, also on errors.
+    Use as a context manager: the whole group is stopped on exit, also on errors. On Linux the
+    child is also killed when the process that started it dies, however it dies.
     """
 
     def __init__(self, args: Sequence[str | os.PathLike], *, log_path: Path, cwd: Path | None = None,
@@ -172,7 +190,7 @@ class Background:
         try:
             self.child = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=log,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True)
+                                          start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
         except FileNotFoundError as exc:
             raise EnvironmentProblem(f"cannot run {self.argv[0]}: not found") from exc
         finally:

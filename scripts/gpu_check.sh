@@ -61,7 +61,9 @@
 # where the toolkit has no lib64/stubs, a libcuda stub (-D CUDA_cuda_driver_LIBRARY=...). pack, on that host:
 # the build's manifest, bin/ and the library sides the use phases linked (ab/lib-SIDE.so), as OUT/prebuilt.tar.xz
 # under the build's own absolute path (its manifest and the binaries' run paths name it). prebuilt, on the GPU
-# machine, reads PREBUILT (that archive) and BUILD_DIFF: vendors and applies as build does, unpacks the archive
+# machine, reads PREBUILT (that archive) and BUILD_DIFF: vendors and applies as build does (or, without
+# .whl/llama.tar.xz, which with the archive passes the 64 MiB carry limit, unpacks .whl/gguf-py.tar.xz, the tree's
+# one part the phases read, which pack writes beside the archive), unpacks the archive
 # at that path, links it in as build/KEY, and finds the machine's cuBLAS and CUDA runtime for the binaries
 # (prebuilt.env in the build folder, read at the top of every later call). The use phases of a prebuilt build
 # copy the side's linked library in; variant needs a build folder of its own.
@@ -341,10 +343,17 @@ print(" ".join("d%s %.1f" % (r.get("n_depth", "?"), r["avg_ts"]) for r in map(js
       ( cd "$B" && ls manifest.json; find bin -maxdepth 1 \( -type f -o -type l \); ls ab/lib-*.so 2>/dev/null ) |
         sed "s#^#${B#/}/#" | tar -C / -cf - -T - | xz -6 --lzma2=preset=6,dict=512MiB -T1 > "$out/prebuilt.tar.xz"
       rc=$?
+      # the one part of the tree the phases read when the pinned pack stays home (the carry limit): random models' gguf-py
+      [ $rc = 0 ] && tar -C vendor/llama.cpp -cJf "$out/gguf-py.tar.xz" --exclude=__pycache__ gguf-py
+      rc=$?
       echo "pack: exit $rc, $(du -m "$out/prebuilt.tar.xz" | cut -f1) MB, sides: $(cd "$B" && ls ab/lib-*.so 2>/dev/null | tr '\n' ' ')" |
         tee -a "$out/summary.txt" ;;
     prebuilt)
-      prepare_tree "$out/prebuilt.log" && tar -C / -xvJf "${PREBUILT:?prebuilt needs PREBUILT=archive}" > "$out/prebuilt.files" 2>> "$out/prebuilt.log"
+      if [ -f .whl/llama.tar.xz ]; then
+        prepare_tree "$out/prebuilt.log"
+      else  # the pinned pack did not travel: gguf-py alone, from pack
+        rm -rf vendor/llama.cpp/gguf-py && mkdir -p vendor/llama.cpp && tar -C vendor/llama.cpp -xJf .whl/gguf-py.tar.xz
+      fi && tar -C / -xvJf "${PREBUILT:?prebuilt needs PREBUILT=archive}" > "$out/prebuilt.files" 2>> "$out/prebuilt.log"
       rc=$?
       dir=/$(grep -m1 'manifest.json$' "$out/prebuilt.files" | sed 's#/manifest.json$##')
       key=$(basename "$dir")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16's device plan for the candidates, on the H200 (../shared/device.md). Here, first:
 #   polyforge unapply --to 0092 && git mv patches/candidates/009[34678]-*.patch patches/ && polyforge lock
-# then on the device (carry .whl):
+# then on the device, carrying .whl/prebuilt.tar.xz, .whl/gguf-py.tar.xz and the three wheels (gitpython, gitdb,
+# smmap; with .whl/llama.tar.xz as well the carry passes 64 MiB), or .whl whole where there is no prebuilt archive:
 #   scripts/device_job.sh start r6 bash patches/candidates/issue16-device-plan.sh
 #   scripts/device_job.sh poll r6 540        (again until DONE; a poll on a fresh machine exits 3 at once)
 # With .whl/prebuilt.tar.xz (`gpu_check.sh OUT pack` of the same chain and hooks, built on a host without a GPU:

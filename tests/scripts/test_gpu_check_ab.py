@@ -170,6 +170,8 @@ def test_pack_carries_each_side_linked_and_a_prebuilt_build_swaps_them(tmp_path:
     no objects) use-variant and use-base copy those libraries in."""
     build = _build_folder(tmp_path)
     (build / "manifest.json").write_text("{}\n")
+    (tmp_path / "vendor" / "llama.cpp" / "gguf-py" / "gguf").mkdir(parents=True)
+    (tmp_path / "vendor" / "llama.cpp" / "gguf-py" / "gguf" / "__init__.py").write_text("")
     out = tmp_path / "out"
     done = _gpu_check(tmp_path, out, "variant", "use-variant", "use-base", "pack")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -177,6 +179,9 @@ def test_pack_carries_each_side_linked_and_a_prebuilt_build_swaps_them(tmp_path:
     names = subprocess.run(["tar", "-tJf", str(archive)], capture_output=True, text=True, check=True).stdout.split()
     rel = str(build)[1:]
     assert sorted(names) == sorted(f"{rel}/{n}" for n in ("manifest.json", LIB, "ab/lib-base.so", "ab/lib-variant.so"))
+
+    gguf_py = subprocess.run(["tar", "-tJf", str(out / "gguf-py.tar.xz")], capture_output=True, text=True, check=True)
+    assert "gguf-py/gguf/__init__.py" in gguf_py.stdout.split()
 
     shutil.rmtree(build)  # the GPU machine: the archive at the build's own path, nothing compiled there
     subprocess.run(["tar", "-C", "/", "-xJf", str(archive)], check=True)
