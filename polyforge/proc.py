@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -155,7 +156,6 @@ def _kill_group(child: "subprocess.Popen", sig: int) -> None:
 def _die_with_parent(parent: int) -> "Callable[[], None] | None":
     """A preexec_fn (Linux) that has the kernel kill the child when the process that started it dies, also by
     SIGKILL, which runs no cleanup: a gate program killed at its timeout must not leave its server running."""
-    import sys
     if not sys.platform.startswith("linux"):
         return None
 
