@@ -44,6 +44,7 @@
 # DEPTH prefix, default 32768, -kvu -pps): the decode steps after the prefix's ubatches, and the third decode step's
 # first tensor-core FA launch (ncu --set full; the SASS page with its stall samples as CSV).
 # pp reads PROMPTS (default 16,32,64,512): prompt sizes at depth 0 and 32k.
+# ops-fa reads OPS_FA_PATTERN (a params regex for test-backend-ops -p; default every FA case).
 # fa-perf times the FA kernel alone (test-backend-ops perf) on the cases of FA_PERF_PATTERN (a params regex; default
 # the long-context cases of issue 16's shapes: 1-512 queries, turbo3/turbo3 and q8_0/turbo3 against f16/f16) and
 # tabulates them with scripts/fa_perf_table.py (fa-perf*/table.md; several sides: run the script on their perf.txt).
@@ -146,8 +147,9 @@ for phase in "$@"; do
       done
       ops -o FLASH_ATTN_EXT -b CUDA0 -p turbo > "$out/ops-fa-turbo.log" 2>&1
       summary "FLASH_ATTN_EXT turbo" "$out/ops-fa-turbo.log" $? ;;
-    ops-fa)
-      ops -o FLASH_ATTN_EXT -b CUDA0 > "$out/ops-fa.log" 2>&1; summary "FLASH_ATTN_EXT all" "$out/ops-fa.log" $? ;;
+    ops-fa)  # every FA case, or those of OPS_FA_PATTERN; on the side in place (after use-variant: ops-fa-SIDE.log)
+      ops -o FLASH_ATTN_EXT -b CUDA0 ${OPS_FA_PATTERN:+-p "$OPS_FA_PATTERN"} > "$out/ops-fa$ab.log" 2>&1
+      summary "FLASH_ATTN_EXT ${OPS_FA_PATTERN:-all}${ab:+ (${ab#-})}" "$out/ops-fa$ab.log" $? ;;
     fa-perf)
       tag=fa-perf${TAG:-}$ab
       mkdir -p "$out/$tag"

@@ -16,11 +16,6 @@ export BUILD_DIFF=patches/candidates/issue16-ab-hooks.diff
 hd64_instances="fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_4-turbo3-turbo3 fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_4-q8_0-turbo3"
 agents_instances="fattn-mma-f16-kv-dec-instance-ncols1_8-ncols2_2-turbo3-turbo3 fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_2-turbo3-turbo3 fattn-mma-f16-kv-dec-instance-ncols1_32-ncols2_2-turbo3-turbo3 fattn-mma-f16-kv-dec-instance-ncols1_16-ncols2_4-turbo3-turbo3"
 g() { bash scripts/gpu_check.sh $o "$@"; }
-ops_side() {  # test-backend-ops against the CPU on the side in place: NAME PATTERN
-  ( . "build/$(cat build/gpu-check.key)/prebuilt.env" 2>/dev/null
-    "build/$(cat build/gpu-check.key)/bin/test-backend-ops" -o FLASH_ATTN_EXT -b CUDA0 -p "$2" ) > $o/ops-fa-$1.log 2>&1
-  echo "$1 FLASH_ATTN_EXT $2: $(grep -E 'tests passed' $o/ops-fa-$1.log)" >> $o/summary.txt
-}
 if [ -f .whl/prebuilt.tar.xz ]; then
   PREBUILT=.whl/prebuilt.tar.xz g prebuilt || exit 1
   variants() { :; }
@@ -41,8 +36,7 @@ variants > $o/variants.out 2>&1
 # 0096 at head size 64: 8 warps at 64 columns there (base) against 4 (wide128: 0096 from head size 128 on, staging kept)
 # and against neither staging nor 8 warps (nostage); session k: base 0.91 / 0.97 of nostage at 32k / 128k
 export VARIANT_INSTANCES="$hd64_instances" FA_PERF_PATTERN='hsk=64,.*nr23=\[4,1\],kv=(32768|131072),nb=16,'
-VARIANT_NAME=wide128 g use-variant fa-perf
-ops_side wide128 'hsk=64,.*type_V=turbo'
+OPS_FA_PATTERN='hsk=64,.*type_V=turbo' VARIANT_NAME=wide128 g use-variant fa-perf ops-fa
 g use-base fa-perf
 VARIANT_NAME=nostage VARIANT_INSTANCES="$agents_instances" g use-variant fa-perf
 VARIANT_INSTANCES="$agents_instances" g use-base
@@ -63,8 +57,7 @@ python3 scripts/fa_perf_table.py base=$o/fa-perf-pp-base/perf.txt no0097=$o/fa-p
 # the kernel boundary at 3-4 queries: the decoding kernel from 3 on (vec2) against the vector kernel
 export VARIANT_INSTANCES=fattn.cu FA_PERF_PATTERN='hsk=128,.*kv=(32768|131072),nb=4,'
 TAG=-nb4 g use-base fa-perf
-VARIANT_NAME=vec2 TAG=-nb4 g use-variant fa-perf
-ops_side vec2 'nb=[34],.*type_V=turbo'
+OPS_FA_PATTERN='nb=[34],.*type_V=turbo' VARIANT_NAME=vec2 TAG=-nb4 g use-variant fa-perf ops-fa
 AGENTS=4 AGENTS_KV=f16/f16,turbo3/turbo3,q8_0/turbo3 TAG=-b4 VARIANT_NAME=vec2 g use-variant agents
 AGENTS=4 AGENTS_KV=f16/f16,turbo3/turbo3,q8_0/turbo3 TAG=-b4 g use-base agents
 python3 scripts/fa_perf_table.py base=$o/fa-perf-nb4-base/perf.txt vec2=$o/fa-perf-nb4-vec2/perf.txt > $o/fa-perf-vec2.md 2>&1
