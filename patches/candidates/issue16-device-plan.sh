@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Issue 16's device plan (../shared/device.md), after session l moved 0097 in and kept 0096 off at head size 64: the
-# vector/decoding kernel boundary for TurboQuant K/V with 3 and 4 queries (speculative verify batches, a few agents),
-# at every head size. Session l measured it at head size 128 only (the decoding kernel 1.24-1.28x faster with 4
-# queries). With .whl/prebuilt.tar.xz (`gpu_check.sh OUT pack` of a build with issue16-ab-hooks.diff, made on a host
-# without a GPU: patches/README.md says how; its test-backend-ops has 0095's 3- and 4-query cases) the device builds
-# nothing and the tree's chain state does not matter. Carry .whl/prebuilt.tar.xz, .whl/gguf-py.tar.xz and the three
-# wheels (gitpython, gitdb, smmap):
-#   scripts/device_job.sh start r8 bash patches/candidates/issue16-device-plan.sh
-#   scripts/device_job.sh poll r8 540        (again until DONE; a poll on a fresh machine exits 3 at once)
-# Without the archive, carry .whl whole; the device builds (about 340 s) and compiles the side.
+# Issue 16's device plan (../shared/device.md), after session l landed 0097 and 0099 and kept 0096 to head sizes 128
+# and 256: prove the chain as it is now on the GPU, settle the 2-query boundary, then issue 16's table.
+# Needs a build of the chain as it is: either .whl/prebuilt.tar.xz made from it (`gpu_check.sh OUT pack` on a host
+# without a GPU, with this diff as BUILD_DIFF and a `vec1` side, VARIANT_INSTANCES=fattn.cu
+# VARIANT_DEFS=-DEXP_TURBO_VEC_MAX=1; patches/README.md, "A CUDA build that travels", says how; session i's archive
+# predates 0096's refresh, 0097's move and 0099 and must not be used), or no archive: carry .whl whole and the
+# device builds (about 340 s) and compiles the side. With an archive, carry .whl/prebuilt.tar.xz, .whl/gguf-py.tar.xz
+# and the three wheels (gitpython, gitdb, smmap):
+#   scripts/device_job.sh start r9 bash patches/candidates/issue16-device-plan.sh
+#   scripts/device_job.sh poll r9 540        (again until DONE; a poll on a fresh machine exits 3 at once)
+# Ordered by what a cut-short run must still have: correctness first.
 set -u
-o=/tmp/r8; mkdir -p $o
+o=/tmp/r9; mkdir -p $o
 export BUILD_DIFF=patches/candidates/issue16-ab-hooks.diff
 g() { bash scripts/gpu_check.sh $o "$@"; }
 if [ -f .whl/prebuilt.tar.xz ]; then
@@ -18,16 +19,24 @@ if [ -f .whl/prebuilt.tar.xz ]; then
 else
   g build || exit 1
   grep -q "build: exit 0" $o/summary.txt || exit 1
-  VARIANT_INSTANCES=fattn.cu VARIANT_NAME=vec2 VARIANT_DEFS="-DEXP_TURBO_VEC_MAX=2" g variant > $o/variants.out 2>&1
+  VARIANT_INSTANCES=fattn.cu VARIANT_NAME=vec1 VARIANT_DEFS="-DEXP_TURBO_VEC_MAX=1" g variant > $o/variants.out 2>&1
 fi
-# vec2: the decoding kernel from 3 queries on, against the vector kernel up to 4 (base), the turbo pairs (f16 runs the
-# same kernel on both sides); one head size at a time, both sides, so that a run cut short still has whole pairs
+( export PYTHONPATH=/tmp/polyforge-site:$PWD POLYFORGE_CMAKE=$(command -v cmake) POLYFORGE_NINJA=$(command -v ninja)
+  python3 -m polyforge models fetch "random:n_layer=16,n_embd=2048,n_head=16,n_head_kv=8,n_ff=5632,n_vocab=32000,n_ctx=140000" > $o/model.log 2>&1 ) &
 export VARIANT_INSTANCES=fattn.cu
+# the chain against the CPU: the turbo suite and every FA case
+g use-base ops-turbo ops-fa
+# 2 queries: the vector kernel (base) against the decoding kernel (vec1), one head size at a time
 for hs in 64 256 512 128; do
-  export FA_PERF_PATTERN="hsk=$hs,.*kv=(32768|131072),nb=[34],.*type_K=(turbo3|q8_0)" TAG=-nb34-hd$hs
+  export FA_PERF_PATTERN="hsk=$hs,.*kv=(32768|131072),nb=2,.*type_K=(turbo3|q8_0)" TAG=-nb2-hd$hs
   g use-base fa-perf
-  VARIANT_NAME=vec2 g use-variant fa-perf
-  python3 scripts/fa_perf_table.py base=$o/fa-perf$TAG-base/perf.txt vec2=$o/fa-perf$TAG-vec2/perf.txt \
-    > $o/fa-perf-vec2-hd$hs.md 2>&1
+  VARIANT_NAME=vec1 g use-variant fa-perf
+  python3 scripts/fa_perf_table.py base=$o/fa-perf$TAG-base/perf.txt vec1=$o/fa-perf$TAG-vec1/perf.txt \
+    > $o/fa-perf-vec1-hd$hs.md 2>&1
 done
+OPS_FA_PATTERN='nb=2,.*type_V=turbo' VARIANT_NAME=vec1 TAG=-nb2 g use-variant ops-fa
+unset FA_PERF_PATTERN TAG
 g use-base
+wait  # the random model
+# issue 16's table on this chain: agents, single-sequence decode (886M hd128, then the other head sizes), prompts
+g agents bench heads pp
