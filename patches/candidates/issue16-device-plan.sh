@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Issue 16's device plan (../shared/device.md), after session l landed 0097 and 0099 and kept 0096 to head sizes 128
 # and 256: prove the chain as it is now on the GPU, settle the 2-query boundary, then issue 16's table.
-# Needs a build of the chain as it is: either .whl/prebuilt.tar.xz made from it (`gpu_check.sh OUT pack` on a host
-# without a GPU, with this diff as BUILD_DIFF and a `vec1` side, VARIANT_INSTANCES=fattn.cu
-# VARIANT_DEFS=-DEXP_TURBO_VEC_MAX=1; patches/README.md, "A CUDA build that travels", says how; session i's archive
-# predates 0096's refresh, 0097's move and 0099 and must not be used), or no archive: carry .whl whole and the
-# device builds (about 340 s) and compiles the side. With an archive, carry .whl/prebuilt.tar.xz, .whl/gguf-py.tar.xz
-# and the three wheels (gitpython, gitdb, smmap):
+# .whl/prebuilt.tar.xz (key cuda-967d7e8b202b, made here in session l: `gpu_check.sh OUT pack` of the chain at e2defd1
+# with this diff as BUILD_DIFF, sides base, vec1 (-DEXP_TURBO_VEC_MAX=1) and vec4 (=4, the boundary before 0099))
+# lets the device build nothing; the tree's chain state does not matter then. Carry .whl/prebuilt.tar.xz,
+# .whl/gguf-py.tar.xz and the three wheels (gitpython, gitdb, smmap). Without it, carry .whl whole: the device builds
+# (about 340 s) and compiles the side. If the chain's CUDA code moves past e2defd1, pack a new archive first.
 #   scripts/device_job.sh start r9 bash patches/candidates/issue16-device-plan.sh
 #   scripts/device_job.sh poll r9 540        (again until DONE; a poll on a fresh machine exits 3 at once)
 # Ordered by what a cut-short run must still have: correctness first.
