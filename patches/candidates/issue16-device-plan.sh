@@ -33,7 +33,7 @@ for hs in 64 256 512 128; do
   python3 scripts/fa_perf_table.py base=$o/fa-perf$TAG-base/perf.txt vec1=$o/fa-perf$TAG-vec1/perf.txt \
     > $o/fa-perf-vec1-hd$hs.md 2>&1
 done
-OPS_FA_PATTERN='nb=2,.*type_V=turbo' VARIANT_NAME=vec1 TAG=-nb2 g use-variant ops-fa
+OPS_FA_PATTERN='nb=2,.*type_V=turbo' VARIANT_NAME=vec1 g use-variant ops-fa
 unset FA_PERF_PATTERN TAG
 g use-base
 wait  # the random model
