@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16's device plan (../shared/device.md), after session l landed 0097 and 0099 and kept 0096 to head sizes 128
 # and 256: prove the chain as it is now on the GPU, settle the 2-query boundary, then issue 16's table.
-# .whl/prebuilt.tar.xz (key cuda-967d7e8b202b, made here in session l: `gpu_check.sh OUT pack` of the chain at e2defd1
+# Without .whl/prebuilt.tar.xz it builds, links the sides and packs them in /tmp/r9pack (bring the archive home in
+# pieces: files back are at most 16 MiB each). .whl/prebuilt.tar.xz (key cuda-967d7e8b202b, made here in session l: `gpu_check.sh OUT pack` of the chain at e2defd1
 # with this diff as BUILD_DIFF, sides base, vec1 (-DEXP_TURBO_VEC_MAX=1) and vec4 (=4, the boundary before 0099))
 # lets the device build nothing; the tree's chain state does not matter then. Carry .whl/prebuilt.tar.xz,
 # .whl/gguf-py.tar.xz and the three wheels (gitpython, gitdb, smmap). Without it, carry .whl whole: the device builds
@@ -19,12 +20,17 @@ else
   g build || exit 1
   grep -q "build: exit 0" $o/summary.txt || exit 1
   VARIANT_INSTANCES=fattn.cu VARIANT_NAME=vec1 VARIANT_DEFS="-DEXP_TURBO_VEC_MAX=1" g variant > $o/variants.out 2>&1
+  # both sides linked once, then packed beside the GPU work (one CPU core): a later fresh machine builds nothing
+  VARIANT_INSTANCES=fattn.cu VARIANT_NAME=vec1 g use-variant use-base || exit 1
+  ( bash scripts/gpu_check.sh /tmp/r9pack pack > /tmp/r9pack.log 2>&1; touch /tmp/r9pack.done ) &
+  pack_pid=$!
 fi
 ( export PYTHONPATH=/tmp/polyforge-site:$PWD POLYFORGE_CMAKE=$(command -v cmake) POLYFORGE_NINJA=$(command -v ninja)
   python3 -m polyforge models fetch "random:n_layer=16,n_embd=2048,n_head=16,n_head_kv=8,n_ff=5632,n_vocab=32000,n_ctx=140000" > $o/model.log 2>&1 ) &
 export VARIANT_INSTANCES=fattn.cu
 # the chain against the CPU: the turbo suite and every FA case
 g use-base ops-turbo ops-fa
+[ -z "${pack_pid:-}" ] || wait $pack_pid  # the use phases below swap bin/'s library
 # 2 queries: the vector kernel (base) against the decoding kernel (vec1), one head size at a time
 for hs in 64 256 512 128; do
   export FA_PERF_PATTERN="hsk=$hs,.*kv=(32768|131072),nb=2,.*type_K=(turbo3|q8_0)" TAG=-nb2-hd$hs
