@@ -4,13 +4,12 @@
 # void: the old hook moved only the turbo rule's boundary, and upstream's rule below it (Ada and newer, quantized K/V,
 # at most 2 queries: the vector kernel) kept 2 queries on the vector kernel on both sides. The mended hook sends every
 # turbo batch past EXP_TURBO_VEC_MAX to the decoding kernel. This plan settles 2 queries, correctness first.
-# .whl/prebuilt.tar.xz (ignored): `scripts/cuda_host_build.sh` of the chain with issue16-ab-hooks.diff applied, then
-# `VARIANT_INSTANCES=fattn.cu VARIANT_NAME=vec1 VARIANT_DEFS=-DEXP_TURBO_VEC_MAX=1 scripts/gpu_check.sh OUT variant
-# use-variant use-base` and `scripts/gpu_check.sh OUT pack` on this host: the device builds nothing. Its
-# test-backend-ops was compiled once more (the compile and link lines of `ninja -t commands bin/test-backend-ops`)
-# with the 2-4-token turbo cases at head sizes 256 and 512 too (`for (int hs : {64, 128, 256, 512})`), which the
-# decoding kernel would take with 2 tokens at GQA 4: not in the chain until that is measured. Carry
-# .whl/prebuilt.tar.xz, .whl/gguf-py.tar.xz and the three wheels (not the pinned pack: the carry limit).
+# .whl/prebuilt.tar.xz (ignored): `scripts/cuda_host_build.sh` of the chain with issue16-ab-hooks.diff applied (its
+# test-backend-ops then has the 2-4-token turbo cases at head sizes 256 and 512 too, which the decoding kernel would
+# take with 2 tokens at GQA 4), then `VARIANT_INSTANCES=fattn.cu VARIANT_NAME=vec1 VARIANT_DEFS=-DEXP_TURBO_VEC_MAX=1
+# scripts/gpu_check.sh OUT variant use-variant use-base` and `scripts/gpu_check.sh OUT pack` on this host: the device
+# builds nothing. Carry .whl/prebuilt.tar.xz, .whl/gguf-py.tar.xz and the three wheels (not the pinned pack: the
+# carry limit).
 #   scripts/device_job.sh start r10 bash patches/candidates/issue16-device-plan.sh
 #   scripts/device_job.sh poll r10 540        (again until DONE; a poll on a fresh machine exits 3 at once)
 set -u
