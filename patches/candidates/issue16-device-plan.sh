@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Issue 16's device plan (../shared/device.md) after session m: the chain 0072-0099 passed the turbo suite and the full
-# FA suite on the GPU (run r9, `git show b29ba54:patches/candidates/issue16-device-plan.sh`), but its 2-query A/B was
-# void: the old hook moved only the turbo rule's boundary, and upstream's rule below it (Ada and newer, quantized K/V,
-# at most 2 queries: the vector kernel) kept 2 queries on the vector kernel on both sides. The mended hook sends every
-# turbo batch past EXP_TURBO_VEC_MAX to the decoding kernel. This plan settles 2 queries, correctness first.
-# .whl/prebuilt.tar.xz (ignored): `scripts/cuda_host_build.sh` of the chain with issue16-ab-hooks.diff applied (its
-# test-backend-ops then has the 2-4-token turbo cases at head sizes 256 and 512 too, which the decoding kernel would
-# take with 2 tokens at GQA 4), then `VARIANT_INSTANCES=fattn.cu VARIANT_NAME=vec1 VARIANT_DEFS=-DEXP_TURBO_VEC_MAX=1
-# scripts/gpu_check.sh OUT variant use-variant use-base` and `scripts/gpu_check.sh OUT pack` on this host: the device
-# builds nothing. Carry .whl/prebuilt.tar.xz, .whl/gguf-py.tar.xz and the three wheels (not the pinned pack: the
-# carry limit).
-#   scripts/device_job.sh start r10 bash patches/candidates/issue16-device-plan.sh
-#   scripts/device_job.sh poll r10 540        (again until DONE; a poll on a fresh machine exits 3 at once)
+# Issue 16's device plan (../shared/device.md), run r11: r10's 2-query A/B (not run in sessions m and n: no device
+# time left), then where a 4-agent step at 128k spends the ~1 ms that its FA kernel does not explain (session m), then
+# issue 16's table on the base side, in that order, so that a short budget still settles the first question.
+# The build comes one of two ways, whichever is in .whl/ (ignored):
+# - prebuilt.tar.xz: `scripts/cuda_host_build.sh` of the chain with issue16-ab-hooks.diff applied, then
+#   `VARIANT_INSTANCES=fattn.cu VARIANT_NAME=vec1 VARIANT_DEFS=-DEXP_TURBO_VEC_MAX=1 scripts/gpu_check.sh OUT variant
+#   use-variant use-base` and `scripts/gpu_check.sh OUT pack` on this host (44 min on 2 cores without ccache in
+#   session n; it saves the device's 472 s build, so it pays only when less than ~15 minutes of device time are left).
+#   Carry prebuilt.tar.xz, gguf-py.tar.xz and the three wheels (not llama.tar.xz: the 64 MiB carry limit).
+# - llama.tar.xz (`polyforge vendor pack --full .whl/llama.tar.xz`) and the three wheels: the device builds the chain
+#   with the hooks diff and compiles the vec1 side itself.
+#   scripts/device_job.sh start r11 bash patches/candidates/issue16-device-plan.sh
+#   scripts/device_job.sh poll r11 540        (again until DONE; a poll on a fresh machine exits 3 at once)
 set -u
-o=/tmp/r10; mkdir -p $o
+o=/tmp/r11; mkdir -p $o
 g() { bash scripts/gpu_check.sh $o "$@"; }
-PREBUILT=.whl/prebuilt.tar.xz g prebuilt || exit 1
 export VARIANT_INSTANCES=fattn.cu
+if [ -f .whl/prebuilt.tar.xz ]; then
+  PREBUILT=.whl/prebuilt.tar.xz g prebuilt || exit 1
+else
+  BUILD_DIFF=patches/candidates/issue16-ab-hooks.diff g build || exit 1
+  VARIANT_NAME=vec1 VARIANT_DEFS=-DEXP_TURBO_VEC_MAX=1 g variant || exit 1
+fi
 # the decoding kernel with 2 queries against the CPU
 OPS_FA_PATTERN='nb=2,.*type_V=turbo' VARIANT_NAME=vec1 g use-variant ops-fa
 # 2 queries: the vector kernel (base) against the decoding kernel (vec1), one head size at a time
@@ -27,3 +32,8 @@ for hs in 64 256 512 128; do
   python3 scripts/fa_perf_table.py base=$o/fa-perf$TAG-base/perf.txt vec1=$o/fa-perf$TAG-vec1/perf.txt \
     > $o/fa-perf-vec1-hd$hs.md 2>&1
 done
+unset FA_PERF_PATTERN TAG
+# 4 agents sharing a 128k prefix: each kernel's own time per step, f16 against turbo3
+AGENTS_B=4 DEPTH=131072 KV="f16/f16 turbo3/turbo3" g use-base agents-trace
+# issue 16's table (the base side is the chain as landed)
+g agents bench heads pp
