@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 16's device plan (../shared/device.md), run r11: r10's 2-query A/B (not run in sessions m and n: no device
-# time left); the kblock side at head size 512 (EXP_K_BLOCK: each thread reads one whole turbo K block as 32-bit
+# time left); the kblock side at head sizes 128-512 (EXP_K_BLOCK: each thread reads one whole turbo K block as 32-bit
 # words); where a 4-agent step at 128k spends the ~1 ms that its FA kernel does not explain (session m); then issue
 # 16's table on the base side, in that order, so that a short budget still settles the first questions.
 # The build comes one of two ways, whichever is in .whl/ (ignored):
@@ -36,13 +36,14 @@ for hs in 64 256 512 128; do
     > $o/fa-perf-vec1-hd$hs.md 2>&1
 done
 unset FA_PERF_PATTERN TAG
-# head size 512, turbo K one block per thread (kblock) against the chain: correctness, the kernel alone, decode
+# turbo K one block per thread (kblock) against the chain at head sizes 128, 256, 512: correctness, the kernel alone, decode
 kb() { VARIANT_INSTANCES=$kblock_instances VARIANT_NAME=kblock g "$@"; }
-OPS_FA_PATTERN='hsk=512,.*type_K=turbo' kb use-variant ops-fa
-FA_PERF_PATTERN='hsk=512,.*kv=(32768|131072),nb=1,.*type_K=turbo3' TAG=-hd512 kb use-base fa-perf use-variant fa-perf
-python3 scripts/fa_perf_table.py base=$o/fa-perf-hd512-base/perf.txt kblock=$o/fa-perf-hd512-kblock/perf.txt \
-  > $o/fa-perf-kblock-hd512.md 2>&1
-TG_SHAPES=512 TG_KV="turbo3/turbo3 turbo4/turbo4 f16/f16" TG_DEPTHS=4096,32768,131072 kb use-base tg use-variant tg use-base
+OPS_FA_PATTERN='hsk=(128|256|512),.*type_K=turbo' kb use-variant ops-fa
+FA_PERF_PATTERN='hsk=(128|256|512),.*kv=(32768|131072),nb=1,.*type_K=turbo3' TAG=-nb1 kb use-base fa-perf use-variant fa-perf
+python3 scripts/fa_perf_table.py base=$o/fa-perf-nb1-base/perf.txt kblock=$o/fa-perf-nb1-kblock/perf.txt \
+  > $o/fa-perf-kblock-nb1.md 2>&1
+TG_SHAPES="512 256 128" TG_KV="turbo3/turbo3 turbo4/turbo4 f16/f16" TG_DEPTHS=4096,32768,131072 \
+  kb use-base tg use-variant tg use-base
 # 4 agents sharing a 128k prefix: each kernel's own time per step, f16 against turbo3
 AGENTS_B=4 DEPTH=131072 KV="f16/f16 turbo3/turbo3" g use-base agents-trace
 # issue 16's table (the base side is the chain as landed)

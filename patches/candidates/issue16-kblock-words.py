@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """EXP_K_BLOCK (issue16-ab-hooks.diff) re-done in Python: a turbo K block read as 32-bit words from the 4-byte boundary
-before it gives the same norm and index words per 16-value chunk as turbo_load_raw16, for turbo2/3/4 at head size 512,
+before it gives the same norm and index words per 16-value chunk as turbo_load_raw16, for turbo2/3/4 at head sizes 128, 256 and 512,
 every thread and chunk of a row, and reads nothing past the row. Checks the arithmetic, not the CUDA build."""
 import random, struct
 M=0xFFFFFFFF
 def fsr(lo,hi,s): return ((hi<<32|lo)>>s)&M            # __funnelshift_r with s<32
 def fsrc(lo,hi,s): return ((hi<<32|lo)>>min(s,32))&M   # __funnelshift_rc
 for bits in (2,3,4):
-    bs=2+64*bits//8; nthreads=8; nq=1 if bits==2 else 2
+  for nthreads in (2,4,8):  # head sizes 128, 256, 512
+    bs=2+64*bits//8; nq=1 if bits==2 else 2
     for trial in range(200):
         pre=random.choice([0,4,8,12,16])                  # row starts 4-byte aligned within the buffer
         buf=bytes(random.randrange(256) for _ in range(pre+nthreads*bs))
@@ -34,4 +35,4 @@ for bits in (2,3,4):
                 if bits==3: q.append((y[o//4+1]&0xFFFF) if o%4==0 else (y[o//4+1]>>16))
                 if bits==4: q.append(y[o//4+1])
                 assert (d,q)==ref[c], (bits,t,c,(d,q),ref[c])
-print("ok: block words == per-chunk loads for turbo2/3/4, D=512, every thread and chunk; no read past the row")
+print("ok: block words == per-chunk loads for turbo2/3/4, D=128/256/512, every thread and chunk; no read past the row")
