@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """EXP_K_BLOCK (issue16-ab-hooks.diff) re-done in Python: a turbo K block read as 32-bit words from the 4-byte boundary
 before it gives the same norm and index words per 16-value chunk as turbo_load_raw16, for turbo2/3/4 at head sizes 128, 256 and 512,
-every thread and chunk of a row, and reads nothing past the row. Checks the arithmetic, not the CUDA build."""
+every thread and chunk of a row, and reads nothing past the row; and two q8_0 blocks read as 17 words give their scales and
+quants (q8_0 K of the TurboQuant V kernels, head sizes 64-512). Checks the arithmetic, not the CUDA build."""
 import random, struct
 M=0xFFFFFFFF
 def fsr(lo,hi,s): return ((hi<<32|lo)>>s)&M            # __funnelshift_r with s<32
@@ -35,4 +36,17 @@ for bits in (2,3,4):
                 if bits==3: q.append((y[o//4+1]&0xFFFF) if o%4==0 else (y[o//4+1]>>16))
                 if bits==4: q.append(y[o//4+1])
                 assert (d,q)==ref[c], (bits,t,c,(d,q),ref[c])
-print("ok: block words == per-chunk loads for turbo2/3/4, D=128/256/512, every thread and chunk; no read past the row")
+# q8_0 K (turbo V kernels): two blocks of 34 bytes per thread, 68 bytes from a 4-byte boundary, as 17 words
+for nthreads in (1,2,4,8):  # head sizes 64-512
+    for trial in range(200):
+        pre=random.choice([0,4,8,12,16])
+        buf=bytes(random.randrange(256) for _ in range(pre+nthreads*68))
+        for t in range(nthreads):
+            w=list(struct.unpack_from('<17I',buf,pre+68*t))
+            for b in range(2):
+                x=pre+68*t+34*b                                   # reference: block_q8_0 {d, qs[32]}
+                d=struct.unpack_from('<H',buf,x)[0]; qs=list(struct.unpack_from('<8I',buf,x+2))
+                d2=w[0]&0xFFFF if b==0 else w[8]>>16
+                qs2=[fsr(w[j],w[j+1],16) if b==0 else w[9+j] for j in range(8)]
+                assert (d2,qs2)==(d,qs), ('q8_0',nthreads,t,b)
+print("ok: block words == per-chunk loads for turbo2/3/4 at D=128/256/512 and q8_0 at D=64-512, every thread and chunk; no read past the row")
