@@ -328,7 +328,13 @@ print(" ".join("d%s %.1f" % (r.get("n_depth", "?"), r["avg_ts"]) for r in map(js
       B=build/$(cat $key_file)
       lib=$(cd "$B" && ls bin/libggml-cuda.so.*.*.* | head -1)
       if [ -f "$B/build.ninja" ]; then
-        for t in $variant_instances; do cp "$B/ab/$side-$t.o" "$B/$(instance_obj $t)" || exit 1; done
+        # every object any variant swapped: the side's own where it has one, else the build's, so that a side never
+        # keeps another variant's objects (r11's base kept vec1's fattn.cu after a kblock swap of other instances)
+        for t in $variant_instances; do [ -f "$B/ab/$side-$t.o" ] || { echo "use $side: no $t" >&2; exit 1; }; done
+        for f in "$B"/ab/base-*.o; do
+          t=${f##*/base-}; t=${t%.o}
+          if [ -f "$B/ab/$side-$t.o" ]; then cp "$B/ab/$side-$t.o" "$B/$(instance_obj $t)"; else cp "$f" "$B/$(instance_obj $t)"; fi || exit 1
+        done
         link=$(cd "$B" && "$POLYFORGE_NINJA" -t commands "$lib" | tail -1)
         ( cd "$B" && eval "$link" ) > "$out/relink-$side.log" 2>&1 &&
           cp "$B/$lib" "$B/ab/lib-$side.so"  # this side linked, for pack

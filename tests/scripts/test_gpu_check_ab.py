@@ -195,3 +195,30 @@ def test_pack_carries_each_side_linked_and_a_prebuilt_build_swaps_them(tmp_path:
     assert _values(build) == (1, 1)
     done = _gpu_check(tmp_path, out, "use-variant", VARIANT_NAME="never")
     assert done.returncode != 0  # a side that was not packed
+
+
+def test_sides_of_different_instance_sets_do_not_mix(tmp_path: Path):
+    """r11: vec1 swapped fattn.cu, kblock two instances; `use-base` for kblock's set must also put the build's
+    fattn.cu back, and `use-variant` of kblock must not keep vec1's."""
+    build = _build_folder(tmp_path)
+    out = tmp_path / "out"
+    both = "turbo3-turbo3 q8_0-turbo3"
+    for name, insts in (("vec1", "fattn.cu"), ("kblock", both)):
+        done = _gpu_check(tmp_path, out, "variant", VARIANT_INSTANCES=insts, VARIANT_NAME=name)
+        assert done.returncode == 0, done.stdout + done.stderr
+    done = _gpu_check(tmp_path, out, "use-variant", VARIANT_INSTANCES="fattn.cu", VARIANT_NAME="vec1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (_call(build, "value_fattn")[0], _values(build)) == (2, (1, 1))
+    done = _gpu_check(tmp_path, out, "use-variant", VARIANT_INSTANCES=both, VARIANT_NAME="kblock")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (_call(build, "value_fattn")[0], _values(build)) == (1, (2, 2))
+    done = _gpu_check(tmp_path, out, "use-variant", VARIANT_INSTANCES="fattn.cu", VARIANT_NAME="vec1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = _gpu_check(tmp_path, out, "use-base", VARIANT_INSTANCES=both, VARIANT_NAME="kblock")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (_call(build, "value_fattn")[0], _values(build)) == (1, (1, 1))
+    md5 = {}
+    for line in (out / "summary.txt").read_text().splitlines():
+        if line.startswith("use "):
+            md5.setdefault(line.split()[1].rstrip(":"), set()).add(line.split()[-1])
+    assert all(len(sums) == 1 for sums in md5.values()), md5  # each side links to one library, whenever it is used
