@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""EXP_K_BLOCK (issue16-ab-hooks.diff) re-done in Python: a turbo K block read as 32-bit words from the 4-byte boundary
+"""The whole-block K reads of 0100/0101 (session n's EXP_K_BLOCK) re-done in Python: a turbo K block read as 32-bit words from the 4-byte boundary
 before it gives the same norm and index words per 16-value chunk as turbo_load_raw16, for turbo2/3/4 at head sizes 128, 256 and 512,
 every thread and chunk of a row, and reads nothing past the row; and two q8_0 blocks read as 17 words give their scales and
-quants (q8_0 K of the TurboQuant V kernels, head sizes 64-512). Checks the arithmetic, not the CUDA build."""
+quants (q8_0 K of the TurboQuant V kernels, head sizes 64-512; 0101 uses it from 256). Checks the arithmetic, not the CUDA build."""
 import random, struct
 M=0xFFFFFFFF
 def fsr(lo,hi,s): return ((hi<<32|lo)>>s)&M            # __funnelshift_r with s<32
