@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's device plan (../shared/device.md), run r12: the chain 0072-0102 proven against the CPU (0100-0102 came
+# Issue 16's device plan (../shared/device.md), run r12: the chain 0072-0103 proven against the CPU (0100-0102 came
 # from r11's A/B sides, but this exact chain has not run), issue 16's table on it, then the 2-query choice where r11
 # left it open: head size 512 now that the vector kernel reads whole K blocks (0100/0101), and the 8B shape (head size
 # 128, GQA 4), where 0102 sends 2 queries to the decoding kernel by analogy with head size 64. In that order, so that
@@ -28,7 +28,7 @@ else
 fi
 # the chain as it lands (base side): its types and every FA case against the CPU
 VARIANT_NAME=vec1 g use-base ops-turbo ops-fa
-# issue 16's table
+# issue 16's table (0103 shortens the host part of an agents step)
 g agents bench heads pp
 # 2 queries: 0102's choice (base) against every 2-query batch on the decoding kernel (vec1) and on the vector
 # kernel (vec2, 0099's rule), at head size 512 (both GQA) and 128 (the 886M's GQA 2 and the 8B's GQA 4)
