@@ -12,7 +12,7 @@ launch-to-end durations, which count that wait too. Per step, with launches per 
 holds ("api NAME" rows: CUDA graph capture, instantiation, update and launch, stream and event waits) are left
 out of the steps and listed after the kernels: time and calls per step, by name, of those starting in a step.
 
-  decode_trace_split.py trace.csv [LABEL] [--skip N] [--top K]
+  decode_trace_split.py trace.csv [LABEL] [--skip N] [--top K] [--all-steps] [--keep-last]
 """
 
 from __future__ import annotations
@@ -41,9 +41,12 @@ def is_host_call(name: str) -> bool:
     return name.startswith("api ")
 
 
-def decode_steps(rows: list[tuple[int, int, str]], after_state_copy: bool = True) -> list[list[tuple[int, int, str]]]:
-    """The activities of each decode step, the last (open-ended) step left out; with after_state_copy only those
-    after the last large device-to-host copy (llama-bench's saved state; a batch's logits can be as large)."""
+def decode_steps(rows: list[tuple[int, int, str]], after_state_copy: bool = True,
+                 keep_last: bool = False) -> list[list[tuple[int, int, str]]]:
+    """The activities of each decode step, each ending with the next step's first copy; the last step, which no copy
+    ends, is left out unless keep_last (a trace of one prompt batch: that step is the one wanted), where it ends with
+    its last activity. With after_state_copy only the activities after the last large device-to-host copy
+    (llama-bench's saved state; a batch's logits can be as large)."""
     rows = [r for r in rows if not is_host_call(r[2])]
     big_dtoh = [i for i, r in enumerate(rows) if is_copy(r[2], 2) and copy_bytes(r[2]) > 1 << 20]
     rows = rows[big_dtoh[-1] + 1:] if big_dtoh and after_state_copy else rows
@@ -55,7 +58,11 @@ def decode_steps(rows: list[tuple[int, int, str]], after_state_copy: bool = True
             after_kernel = False
         elif not name.startswith("mem"):
             after_kernel = True
-    return [rows[a:b + 1] for a, b in zip(starts, starts[1:])]
+    steps = [rows[a:b + 1] for a, b in zip(starts, starts[1:])]
+    if keep_last and starts:
+        last = rows[starts[-1]:]
+        steps.append(last + [(max(start + dur for start, dur, _ in last), 0, "end of trace")])
+    return steps
 
 
 def short_name(name: str) -> str:
@@ -117,9 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=10, help="kernels to list (default 10)")
     ap.add_argument("--all-steps", action="store_true",
                     help="every step from the trace's start (llama-batched-bench: no saved state; --skip the prompt's)")
+    ap.add_argument("--keep-last", action="store_true",
+                    help="keep the trace's last step, up to its last activity (a trace of one prompt batch)")
     args = ap.parse_args(argv)
     rows = read_trace(args.trace)
-    raw_steps = decode_steps(rows, not args.all_steps)[args.skip:]
+    raw_steps = decode_steps(rows, not args.all_steps, args.keep_last)[args.skip:]
     steps = [summarize(s) for s in raw_steps]
     if not steps:
         print(f"error: {args.trace}: no decode steps found", file=sys.stderr)

@@ -221,15 +221,16 @@ for phase in "$@"; do
       bench_bin="build/$(cat $key_file)/bin/llama-bench"
       bench_args=(-m "$model" -d "${DEPTH:-131072}" -fa 1 -ngl 99 -r 1 --no-warmup)
       [ $phase = trace ] && { cupti_trace_lib || exit 1; }
-      # decode: 8 tokens, the first 2 steps left out; a prompt batch: one step, the only one after the state's save
-      trace_run=(-p 0 -n 8) trace_skip=2
-      [ -n "${TRACE_PROMPT:-}" ] && trace_run=(-p "$TRACE_PROMPT" -n 0) trace_skip=0
+      # decode: 8 tokens, the first 2 steps left out; a prompt batch: the one step after the state's save, which no
+      # later input copy ends
+      trace_run=(-p 0 -n 8) trace_split=(--skip 2)
+      [ -n "${TRACE_PROMPT:-}" ] && trace_run=(-p "$TRACE_PROMPT" -n 0) trace_split=(--skip 0 --keep-last)
       for kv in ${KV:-f16/f16 turbo3/turbo3 q8_0/turbo3}; do
         tag=$phase${HD:+-hd$HD}${TRACE_PROMPT:+-pp$TRACE_PROMPT}-${kv/\//-}$ab
         if [ $phase = trace ]; then
           CUDA_INJECTION64_PATH=/tmp/libcupti_trace.so CUPTI_TRACE_OUT="$out/$tag.csv" \
             "$bench_bin" "${bench_args[@]}" "${trace_run[@]}" -ctk ${kv%/*} -ctv ${kv#*/} > "$out/$tag.log" 2>&1
-          "$py" scripts/decode_trace_split.py "$out/$tag.csv" "$kv" --skip $trace_skip --top 16 > "$out/$tag.txt" 2>> "$out/$tag.log"
+          "$py" scripts/decode_trace_split.py "$out/$tag.csv" "$kv" "${trace_split[@]}" --top 16 > "$out/$tag.txt" 2>> "$out/$tag.log"
           rc=$?; xz -f "$out/$tag.csv"
         else  # the second decode step's first two FA launches (the vector kernel decodes one token)
           ncu -f -o "$out/$tag" --kernel-name regex:flash_attn_ext_vec --launch-skip 16 --launch-count 2 \

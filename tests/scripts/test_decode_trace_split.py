@@ -103,3 +103,23 @@ def test_host_calls_are_listed_not_counted_as_gpu_work(tmp_path: Path):
     calls = lines[lines.index("   " + f"{'host us':>9}  {'calls':>10}  host call"):]
     assert calls[1].split() == ["300.0", "1.0", "cudaGraphExecUpdate_v12000"]
     assert calls[2].split() == ["10.0", "1.0", "cudaGraphLaunch_v10000"]
+
+
+def test_keep_last_for_one_prompt_batch(tmp_path: Path):
+    """A trace of one prompt batch after the saved state (gpu_check.sh trace with TRACE_PROMPT): its only step has
+    no later input copy to end it, so it is found with --keep-last alone, ending at its last activity."""
+    rows = [(0, 5_000_000, "memcpy kind 2 268435456 B"),
+            (10_000_000, 600_000, "memcpy kind 1 34078720 B"),  # the prompt's KQ mask
+            (10_700_000, 8_000_000, "flash_attn_ext_f16<128>(...)"),
+            (18_800_000, 1_000_000, "dequantize_block_turbo<3>(...)"),
+            (20_000_000, 200_000, "memcpy kind 2 131072 B")]
+    path = tmp_path / "prompt.csv"
+    path.write_text("Start (ns),Duration (ns),Name\n" + "".join(f'{s},{d},"{n}"\n' for s, d, n in rows))
+    out = _run(str(path), "--skip", "0")
+    assert out.returncode == 1 and "no decode steps" in out.stderr
+    out = _run(str(path), "pp", "--skip", "0", "--keep-last")
+    assert out.returncode == 0, out.stderr
+    head, _, *kernels = out.stdout.splitlines()
+    # from the mask's copy to the logits' copy's end: 10200 us, busy 600 + 8000 + 1000 + 200
+    assert head == "== pp: 1 steps; per step 10200.0 us, GPU busy 9800.0 us, idle 400.0 us"
+    assert kernels[0].split()[:4] == ["8000.0", "8000.0", "1", "flash_attn_ext_f16<128>"]
