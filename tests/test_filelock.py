@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -105,11 +106,19 @@ def test_a_lock_file_that_cannot_be_opened_is_one_line(tmp_path):
     assert caught.value.exit_code == 3
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through any mode")
-def test_an_unwritable_lock_file(tmp_path):
+def test_an_unwritable_lock_file(tmp_path, monkeypatch):
     path = tmp_path / ".lock"
     path.touch()
     path.chmod(0o444)
+    if os.geteuid() == 0:  # root writes through any mode: refuse write access as the kernel does for others
+        real_open = os.open
+
+        def open_read_only_for_writers(file, flags, *args):
+            if Path(file) == path and flags & (os.O_WRONLY | os.O_RDWR):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+            return real_open(file, flags, *args)
+
+        monkeypatch.setattr("polyforge.filelock.os.open", open_read_only_for_writers)
     with pytest.raises(EnvironmentProblem, match="cannot open the vendored tree lock"):
         FileLock(path, "vendored tree").__enter__()
     with FileLock(path, "vendored tree", shared=True) as reader:  # a reader makes do with read access
