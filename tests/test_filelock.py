@@ -118,7 +118,7 @@ def test_an_unwritable_lock_file(tmp_path, monkeypatch):
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
             return real_open(file, flags, *args)
 
-        monkeypatch.setattr("polyforge.filelock.os.open", open_read_only_for_writers)
+        monkeypatch.setattr(os, "open", open_read_only_for_writers)
     with pytest.raises(EnvironmentProblem, match="cannot open the vendored tree lock"):
         FileLock(path, "vendored tree").__enter__()
     with FileLock(path, "vendored tree", shared=True) as reader:  # a reader makes do with read access
