@@ -8,21 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from synthetic_trace import decode_trace
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "decode_trace_split.py"
 
 
 def _trace(tmp_path: Path) -> Path:
-    rows = [(0, 5_000_000, "memcpy kind 2 268435456 B")]  # llama-bench saving the prefilled state
-    for step in range(5):
-        t = 10_000_000 + step * 1_000_000  # one step per ms
-        rows += [(t, 10_000, "memcpy kind 1 262656 B"),
-                 (t + 100_000, 400_000, "flash_attn_ext_vec<128>(...)"),
-                 # launched early (PDL): overlaps the previous kernel, counted once in the busy time
-                 (t + 200_000, 400_000, "flash_attn_combine_results<128>(...)"),
-                 (t + 700_000, 100_000, "rms_norm_f32(...)")]
-    path = tmp_path / "trace.csv"
-    path.write_text("Start (ns),Duration (ns),Name,gx,gy,gz\n" + "".join(f'{s},{d},"{n}",1,1,1\n' for s, d, n in rows))
-    return path
+    return decode_trace(tmp_path / "trace.csv", [
+        (100_000, 400_000, "flash_attn_ext_vec<128>(...)"),
+        # launched early (PDL): overlaps the previous kernel, counted once in the busy time
+        (200_000, 400_000, "flash_attn_combine_results<128>(...)"),
+        (700_000, 100_000, "rms_norm_f32(...)")], grid=True)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
