@@ -15,7 +15,6 @@ def decode_trace(path: Path, kernels: list[tuple[int, int, str]], steps: int = 5
     for step in range(steps):
         t = 10_000_000 + step * 1_000_000
         rows += [(t, 10_000, "memcpy kind 1 262656 B")] + [(t + offset, dur, name) for offset, dur, name in kernels]
-    extra = ",1,1,1" if grid else ""
-    path.write_text("Start (ns),Duration (ns),Name" + (",gx,gy,gz" if grid else "") + "\n" +
-                    "".join(f'{s},{d},"{n}"{extra}\n' for s, d, n in rows))
+    header, extra = (",gx,gy,gz", ",1,1,1") if grid else ("", "")
+    path.write_text(f"Start (ns),Duration (ns),Name{header}\n" + "".join(f'{s},{d},"{n}"{extra}\n' for s, d, n in rows))
     return path
