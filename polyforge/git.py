@@ -18,7 +18,7 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")  # a missing git is reporte
 import git as gitpython  # noqa: E402
 from git.exc import GitCommandError, GitCommandNotFound  # noqa: E402
 
-from .errors import EnvironmentProblem, PolyforgeError  # noqa: E402
+from .errors import BadInput, EnvironmentProblem, PolyforgeError  # noqa: E402
 
 _PINNED_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
@@ -172,3 +172,23 @@ def git_version() -> str | None:
         return Git(Path.cwd()).run("--version")
     except EnvironmentProblem:
         return None
+
+
+def user_identity(cwd: Path) -> str:
+    """'Name <email>' of the user, as git itself would record an author in `cwd` (GIT_AUTHOR_*,
+    then the repository's, global and system user.name/user.email): the pinned environment of
+    Git.run is bypassed on purpose, since it hides the user's configuration."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_CONFIG")}
+    try:
+        done = subprocess.run(["git", "var", "GIT_AUTHOR_IDENT"], cwd=cwd, env=env, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise EnvironmentProblem("git not found on PATH", hint="install git (apt-get install git)") from None
+    ident = done.stdout.strip()
+    name, _, rest = ident.partition(" <")
+    email, closing, _ = rest.partition(">")
+    if done.returncode != 0 or not name.strip() or not closing or not email:
+        raise BadInput("git knows no author identity (user.name and user.email)",
+                       hint="git config --global user.name 'Your Name'; git config --global user.email you@example.com; or pass --author")
+    return f"{name.strip()} <{email}>"

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-from polyforge.chain import patchfile
+from polyforge.chain import patchfile, transaction
 from polyforge.errors import BadInput, VerificationFailed
 from polyforge.filelock import FileLock
-from polyforge.git import Git, scratch_index
+from polyforge.git import Git, scratch_index, user_identity
 from polyforge.chain.lockfile import ChainLock, LockEntry
 from polyforge.chain.patchfile import Patch
 from polyforge.project import Project
@@ -140,6 +140,22 @@ def run_chain(repo: Git, start_tree: str, patches: list[Patch], *, reverse: bool
     return results
 
 
+def three_way(repo: Git, old_pre: str, old_post: str, new_pre: str,
+              labels: tuple[str, str] = ("ours", "theirs")) -> tuple[str, list[str]]:
+    """A patch's own change (old_pre -> old_post) merged into new_pre (`git merge-tree`):
+    (tree, conflicted paths); the tree holds conflict markers, labelled `labels`, where there
+    are conflicts. Writes objects only: no ref moves."""
+    base = repo.commit_tree(old_pre, "patch base")
+    ours = repo.commit_tree(new_pre, labels[0], base)
+    theirs = repo.commit_tree(old_post, labels[1], base)
+    status, out, err = repo.run_full("merge-tree", "--write-tree", "-z", "--name-only", "--no-messages",
+                                     ours, theirs, check=False)
+    if status not in (0, 1):
+        raise VerificationFailed(f"git merge-tree failed: {err.strip().splitlines()[-1] if err.strip() else status}")
+    fields = out.split("\0")
+    return fields[0], sorted({f for f in fields[1:] if f})
+
+
 _ORDER_SEARCH_BUDGET = 300  # trial applications: a 20-patch chain needs at most 210 when nothing backtracks
 
 
@@ -261,6 +277,10 @@ class Chain:
             if self.tree.exists():
                 # holding the lock, we know no other polyforge run is inside the repository
                 notices += self.tree.clear_leftovers(lock.dead_holder)
+                interrupted = transaction.recover(self.project)
+                if interrupted is not None:
+                    notices.append(f"rolled back an interrupted {interrupted}: patches/, chain.lock and the "
+                                   "applied commits are as they were before it")
                 journal = self.tree.recover()
                 if journal is not None:
                     notices.append(f"recovered from an interrupted {journal.op}: the live tree is back at "
@@ -479,7 +499,7 @@ class Chain:
         raise BadInput(f"--to {to}: {name} is not applied ({len(applied)} patches are applied)")
 
     def capture(self, name: str, message: str | None = None, upstream_status: str | None = None,
-                author: str = "polyforge <polyforge@localhost>") -> dict:
+                author: str | None = None) -> dict:
         """A new top patch from the live edits. An explicit upstream_status overrides the message's
         Upstream-Status trailer; with neither, it is Pending."""
         file_name = patchfile.check_name(name)
@@ -487,6 +507,7 @@ class Chain:
         if upstream_status is not None:
             patchfile.check_upstream_status(upstream_status, "--upstream-status")
             trailers = patchfile.merge_trailers(trailers, [f"Upstream-Status: {upstream_status}"])
+        author = author or user_identity(self.project.root)  # as git would record it
         patchfile.check_author(author, "--author")
         self.tree.require()
         patches = self.patches()
@@ -524,11 +545,14 @@ class Chain:
                 "files": [{"path": c.path, "change": c.kind} for c in patch.changes],
                 "rebased": [later_patch.name for later_patch, _ in rebased]}
 
-    def refresh(self, check: bool = False, message: str | None = None) -> dict:
+    def refresh(self, check: bool = False, message: str | None = None, author: str | None = None) -> dict:
         """Rewrite the top applied patch from the live tree; a message replaces its subject and
-        description; its trailers are kept, merged with the message's (whose Upstream-Status wins)."""
-        if check and message is not None:
-            raise BadInput("--check compares with the patch as it is: it takes no message")
+        description; its trailers are kept, merged with the message's (whose Upstream-Status wins).
+        An author replaces the patch's From: line."""
+        if check and (message is not None or author is not None):
+            raise BadInput("--check compares with the patch as it is: it takes no message or author")
+        if author is not None:
+            patchfile.check_author(author, "--author")
         new_message = None if message is None else patchfile.parse_message(message)
         self.tree.require()
         patches = self.patches()
@@ -548,6 +572,8 @@ class Chain:
             subject, description, trailers = new_message
             header = replace(patch.header, subject=subject,
                              body=_message_body(description, patch.header.trailers(), trailers))
+        if author is not None:
+            header = replace(header or patch.header, author=author)
         data = patchfile.canonical(patch, self.tree.git, parent_tree, live_tree, header)
         changed = data != patch.data
         if check:
@@ -600,18 +626,23 @@ class Chain:
         return steps
 
     def relock(self) -> ChainLock:
-        """Recompute chain.lock from a fresh baseline; every chain-changing command ends here.
+        """Recompute chain.lock from a fresh baseline and write it; every chain-changing command ends here."""
+        lock = self.lock_for(self.patches())
+        lock.write(self.project.chain_lock_file)
+        return lock
+
+    def lock_for(self, patches: list[Patch]) -> ChainLock:
+        """chain.lock for `patches`, computed from a fresh baseline; nothing is written.
 
         pack_tree ids are computed by applying the chain on the pruned baseline it needs (the
         pin's pack.prune folders less the files the chain touches), so they are the trees a
         pruned vendored tree really reaches.
         """
-        patches = self.patches()
         git = self.tree.git
         steps = self.steps_from_baseline(patches, "cannot lock")
         base = self.tree.baseline_tree()
         if self.pruned:
-            return self._relock_pruned(patches, steps)
+            return self._lock_pruned(patches, steps)
         pack_base, pack_trees = None, [None] * len(patches)
         prune = self.pin.pack_prune
         if prune:
@@ -627,20 +658,16 @@ class Chain:
             pack_trees = [s.tree for s in pack_steps]
         entries = tuple(LockEntry(patch.name, patch.sha256, step.tree, pack_tree)
                         for patch, step, pack_tree in zip(patches, steps, pack_trees))
-        lock = ChainLock(base_tree=self.pin.tree, pack_base_tree=pack_base, patches=entries)
-        lock.write(self.project.chain_lock_file)
-        return lock
+        return ChainLock(base_tree=self.pin.tree, pack_base_tree=pack_base, patches=entries)
 
-    def _relock_pruned(self, patches: list[Patch], steps: list[StepResult]) -> ChainLock:
+    def _lock_pruned(self, patches: list[Patch], steps: list[StepResult]) -> ChainLock:
         """On a pruned tree full tree ids cannot be computed: only the locked chain, unchanged, relocks."""
         old = self.chain_lock()
         if old is None or [(e.name, e.sha256) for e in old.patches] != [(p.name, p.sha256) for p in patches]:
             raise BadInput("cannot lock a changed chain on a pruned vendored tree: its full tree ids are unknown",
                            hint="fetch the full tree (polyforge vendor fetch --force), then lock")
         entries = tuple(LockEntry(e.name, e.sha256, e.tree, step.tree) for e, step in zip(old.patches, steps))
-        lock = ChainLock(base_tree=self.pin.tree, pack_base_tree=self.tree.baseline_tree(), patches=entries)
-        lock.write(self.project.chain_lock_file)
-        return lock
+        return ChainLock(base_tree=self.pin.tree, pack_base_tree=self.tree.baseline_tree(), patches=entries)
 
 
 def _split_message(message: str | None, slug: str) -> tuple[str, str, list[str]]:

@@ -1,4 +1,4 @@
-"""polyforge apply|unapply|status|capture|refresh|lock|verify-patches"""
+"""polyforge apply|unapply|status|capture|refresh|fold|move|rename|lock|verify-patches, and chain report"""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from polyforge.chain import patchfile
+from polyforge.chain import patchfile, queue
+from polyforge.chain import report as report_lib
 from polyforge.chain import status as status_lib
 from polyforge.chain import verify as verify_lib
 from polyforge.chain.engine import Chain
 from ..console import err
 from ..errors import BadInput, VerificationFailed
+from ..git import user_identity
 from ..project import find_project
 from . import app
 from .render import emit_json, exclusive_saying_notices, say
@@ -125,7 +127,7 @@ def capture(
     message: Optional[str] = typer.Option(None, "-m", "--message", help="Subject line, blank line, description."),
     message_file: Optional[Path] = typer.Option(None, "-F", "--file", help="Read the message from a file."),
     upstream_status: Optional[str] = typer.Option(None, "--upstream-status", help="Pending (the default), Submitted, Backport, Inappropriate [why], ...; overrides the message's trailer."),
-    author: str = typer.Option("polyforge <polyforge@localhost>", "--author"),
+    author: Optional[str] = typer.Option(None, "--author", help="'Name <email>' (default: git's user.name and user.email)."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Turn the live edits on top of the applied chain into a new patch."""
@@ -145,13 +147,15 @@ def refresh(
     check: bool = typer.Option(False, "--check", help="Fail if regenerating would change a byte."),
     message: Optional[str] = typer.Option(None, "-m", "--message", help="New subject line, blank line, description."),
     message_file: Optional[Path] = typer.Option(None, "-F", "--file", help="Read the new message from a file."),
+    author: Optional[str] = typer.Option(None, "--author", help="A new 'Name <email>' for its From: line."),
+    reset_author: bool = typer.Option(False, "--reset-author", help="The author from git's user.name and user.email."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Regenerate the top applied patch from the live tree (canonical form)."""
     message = _message(message, message_file)
     chain = Chain(find_project())
     with chain.exclusive():
-        info = chain.refresh(check, message)
+        info = chain.refresh(check, message, _author(author, reset_author))
     if json_out:
         emit_json(info)
         return
@@ -226,3 +230,99 @@ def verify_patches(
         say(("[green]ok[/]" if proof.ok else "[red]FAILED[/]") + f" in {proof.seconds:.2f} s")
     if not proof.ok:
         raise typer.Exit(VerificationFailed.exit_code)
+
+
+@app.command()
+def fold(
+    run: str = typer.Argument(..., help="FIRST..LAST: a contiguous run of the chain (NNNN or names)."),
+    into: str = typer.Option(..., "--into", help="NNNN-slug of the folded patch; it must sort where the run stands."),
+    message: Optional[str] = typer.Option(None, "-m", "--message", help="Subject line, blank line, description."),
+    message_file: Optional[Path] = typer.Option(None, "-F", "--file", help="Read the message from a file."),
+    author: Optional[str] = typer.Option(None, "--author", help="'Name <email>' (default: the first patch's)."),
+    reset_author: bool = typer.Option(False, "--reset-author", help="The author from git's user.name and user.email."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Fold a run of patches into one, proving it ends on the same tree and the rest still applies."""
+    first, sep, last = run.partition("..")
+    if not sep or not first or not last:
+        raise BadInput(f"{run}: give the run as FIRST..LAST (e.g. 0080..0099)")
+    message = _message(message, message_file)
+    with exclusive_saying_notices(chain := Chain(find_project())):
+        result = queue.fold(chain, first, last, into, message, _author(author, reset_author))
+    _render_rewritten(result, json_out)
+
+
+@app.command()
+def move(
+    name: str = typer.Argument(..., help="The patch to move (NNNN or name)."),
+    after: str = typer.Option(..., "--after", help="The patch it goes after ('base': first)."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Move a patch, proving the chain still applies and builds the same final tree."""
+    with exclusive_saying_notices(chain := Chain(find_project())):
+        result = queue.move(chain, name, after)
+    _render_rewritten(result, json_out)
+
+
+@app.command()
+def rename(
+    name: str = typer.Argument(..., help="The patch (NNNN or name)."),
+    new_name: str = typer.Argument(..., help="Its new NNNN-slug; it must keep its place in the chain."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Rename a patch (patches/, chain.lock and the applied commits together)."""
+    with exclusive_saying_notices(chain := Chain(find_project())):
+        result = queue.rename(chain, name, new_name)
+    _render_rewritten(result, json_out)
+
+
+def _author(author: Optional[str], reset_author: bool) -> Optional[str]:
+    if reset_author and author is not None:
+        raise BadInput("give --author or --reset-author, not both")
+    return user_identity(find_project().root) if reset_author else author
+
+
+def _render_rewritten(result: "queue.Rewritten", json_out: bool) -> None:
+    if json_out:
+        emit_json({"ok": True, **result.as_dict()})
+        return
+    for patch in result.patches:
+        if patch.name in result.statuses:
+            say(f"  {patch.name}: {result.statuses[patch.name]}")
+    say(f"[green]ok[/] {len(result.patches)} patches; the final tree is unchanged")
+
+
+chain_app = typer.Typer(no_args_is_help=True, help="Read the chain as a whole.")
+app.add_typer(chain_app, name="chain")
+
+
+@chain_app.command("report")
+def chain_report(
+    max_rewrites: Optional[int] = typer.Option(None, "--max-rewrites", min=0,
+                                               help="Exit 1 when more pairs of patches rewrite each other's lines."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Which patches touch each file, which rewrite lines of earlier ones, and the folds that would not."""
+    chain = Chain(find_project())
+    with chain.shared():
+        report = report_lib.build(chain.patches())
+    pairs = [r for r in report.rewrites if r.lines]
+    if json_out:
+        emit_json(report.as_dict())
+    else:
+        say(f"{len(report.patches)} patches, {report.changed_lines} changed lines")
+        say(f"rewrites: {len(pairs)} pairs, {report.rewritten_lines} non-trivial lines"
+            + (f" (+{len(report.rewrites) - len(pairs)} pairs of trivial lines only)" if len(report.rewrites) > len(pairs) else ""))
+        for r in pairs:
+            files = ", ".join(f"{path} {n}" for path, n in sorted(r.files.items(), key=lambda kv: -kv[1]))
+            say(f"  {r.later} rewrites {r.lines} of {r.earlier}'s lines: {files}")
+        say("files touched by most patches:")
+        for path, names in report.most_touched(8):
+            say(f"  {len(names):3d} {path}")
+        for patch, path in report.vanished:
+            say(f"[yellow]no line survives[/] of {patch} in {path}")
+        for f in report.folds:
+            say(f"fold {f.first[:4]}..{f.last[:4]} would remove {f.rewrites} rewriting pair(s)"
+                + (f"; move out first: {', '.join(f.unrelated)}" if f.unrelated else ""))
+    if max_rewrites is not None and len(pairs) > max_rewrites:
+        raise VerificationFailed(f"{len(pairs)} pairs of patches rewrite each other's lines; at most {max_rewrites} allowed")
