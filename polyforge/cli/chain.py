@@ -314,13 +314,18 @@ def chain_report(
         say(f"rewrites: {len(pairs)} pairs, {report.rewritten_lines} non-trivial lines"
             + (f" (+{len(report.rewrites) - len(pairs)} pairs of trivial lines only)" if len(report.rewrites) > len(pairs) else ""))
         for r in pairs:
-            files = ", ".join(f"{path} {n}" for path, n in sorted(r.files.items(), key=lambda kv: -kv[1]))
+            most = sorted(r.files.items(), key=lambda kv: (-kv[1], kv[0]))
+            files = ", ".join(f"{path} {n}" for path, n in most[:3]) + (f" and {len(most) - 3} more files" if len(most) > 3 else "")
             say(f"  {r.later} rewrites {r.lines} of {r.earlier}'s lines: {files}")
         say("files touched by most patches:")
         for path, names in report.most_touched(8):
             say(f"  {len(names):3d} {path}")
+        vanished: dict[str, list[str]] = {}
         for patch, path in report.vanished:
-            say(f"[yellow]no line survives[/] of {patch} in {path}")
+            vanished.setdefault(patch, []).append(path)
+        for patch, paths in vanished.items():
+            say(f"[yellow]no line survives[/] of {patch} in {len(paths)} file(s): {', '.join(paths[:3])}"
+                + (" ..." if len(paths) > 3 else ""))
         for f in report.folds:
             say(f"fold {f.first[:4]}..{f.last[:4]} would remove {f.rewrites} rewriting pair(s)"
                 + (f"; move out first: {', '.join(f.unrelated)}" if f.unrelated else ""))

@@ -61,9 +61,15 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "capture": CAPTURE_ARGS,
     "refresh": ("refresh",),
     "vendor-status": ("vendor", "status"),
+    "fold": ("fold", "0001..0002", "--into", "0001-ab", "-m", "hostile: fold\n\nFolded over a hostile chain."),
+    "move": ("move", "0002", "--after", "base"),
+    "rename": ("rename", "0002", "0002-renamed"),
+    "report": ("chain", "report"),
 }
-ALL = ("status", "apply", "verify-patches", "lock", "unapply", "capture", "refresh")
-NO_LOCK = tuple(c for c in ALL if c != "lock")
+ALL = ("status", "apply", "verify-patches", "lock", "unapply", "capture", "refresh", "fold", "move", "rename", "report")
+# chain report reads the patches alone: a broken chain.lock or journal is not its input
+NO_LOCK = tuple(c for c in ALL if c not in ("lock", "report"))
+NO_REPORT = tuple(c for c in ALL if c != "report")
 # a patch that may be accepted as valid: lock and refresh would then rightly take it into the chain
 MAYBE_VALID = ("status", "apply", "verify-patches", "unapply", "capture")
 REPORTS = ("status", "verify-patches")  # their exit 1 is a report, not necessarily an error line
@@ -292,8 +298,8 @@ OTHER_CASES = [
     S("env-git-missing", 3, ("git not found",), env={"PATH": "/nonexistent"}),
     S("env-stale-index-lock", 3, ("index.lock",), ("status", "capture", "refresh"),
       over={"status": ((0, 1, 3), ("index.lock",))}, setup=_stale_index_lock),
-    S("env-journal-not-json", (2, 3), ("journal",), setup=_journal("{ not json\n")),
-    S("env-journal-bogus-commit", (1, 2, 3), ("journal", "ffffffffffff"), setup=_journal(_bogus_journal),
+    S("env-journal-not-json", (2, 3), ("journal",), NO_REPORT, setup=_journal("{ not json\n")),
+    S("env-journal-bogus-commit", (1, 2, 3), ("journal", "ffffffffffff"), NO_REPORT, setup=_journal(_bogus_journal),
       over={"status": ((0, 1, 2, 3), ("journal", "interrupted"))}),
     # command-line arguments
     C("cli-capture-bad-name", ("capture", "0005_Bad", "-m", "x"), 2, BAD_NAME),

@@ -87,7 +87,7 @@ def test_pruned_pack_carries_the_chain(real: Path, tmp_path):
 
 
 def test_pruned_packs_carry_the_real_chain(tmp_path):
-    """The project's own chain (0074 edits docs/build.md, inside a pruned folder) travels in a
+    """The project's own chain (its batch-invariance patch edits docs/build.md, inside a pruned folder) travels in a
     pruned pack and a patched pruned pack, and proves there."""
     def project(name: str, patches: Path) -> Path:
         root = tmp_path / name
