@@ -18,7 +18,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from polyforge.chain.patchfile import Patch
+
+if TYPE_CHECKING:
+    from polyforge.chain.engine import Chain
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _MEANINGFUL = re.compile(r"[A-Za-z0-9]")
@@ -107,6 +112,15 @@ def _sections(diff: str):
             hunks[-1][1].append(line)
     if path is not None:
         yield path, hunks
+
+
+def of_chain(chain: "Chain") -> ChainReport:
+    """The report of a project's chain, once it is known to apply exactly from the baseline (the
+    attribution of lines assumes every hunk lands where it says)."""
+    patches = chain.patches()
+    if patches:
+        chain.steps_from_baseline(patches, "cannot report")
+    return build(patches)
 
 
 def build(patches: list[Patch]) -> ChainReport:

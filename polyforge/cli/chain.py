@@ -305,7 +305,7 @@ def chain_report(
     """Which patches touch each file, which rewrite lines of earlier ones, and the folds that would not."""
     chain = Chain(find_project())
     with chain.shared():
-        report = report_lib.build(chain.patches())
+        report = report_lib.of_chain(chain)
     pairs = [r for r in report.rewrites if r.lines]
     if json_out:
         emit_json(report.as_dict())
