@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The CUDA build of the vendored tree (the chain applied) on a host with nvcc and no GPU, for
-# `gpu_check.sh OUT pack` (patches/README.md, "A CUDA build that travels"). What such a host lacks is cuBLAS
-# (the nvidia-cublas wheel from PyPI has it) and the driver's link stub: ggml-cuda calls a few driver API
-# functions (the VMM pool), which the GPU machine's real driver answers at run time.
+# The CUDA build of the vendored tree (the chain applied) on a host with nvcc and no GPU: proves the chain's CUDA
+# code compiles and links for the target architecture before a GPU machine runs it. What such a host lacks is
+# cuBLAS (the nvidia-cublas wheel from PyPI has it) and the driver's link stub: ggml-cuda calls a few driver API
+# functions (the VMM pool), which a GPU machine's real driver answers at run time.
 #
 #   scripts/cuda_host_build.sh [more polyforge build arguments...]
 #
 # Reads CUDA_HOST_DEPS (where the wheel and the stub go, default /tmp/cuda-host-deps), CUBLAS_VERSION (default
 # 13.10.0.20, CUDA 13), ARCH (default 90-real: SASS for sm_90 alone; `90` also embeds PTX, which an H100 or
-# H200 never JIT-compiles and which nearly doubles the archive) and TARGETS (default those gpu_check.sh build
+# H200 never JIT-compiles) and TARGETS (default those gpu_check.sh build
 # makes). Prints the build's JSON (its key) on stdout, as `polyforge build --json` does.
 set -euo pipefail
 deps=${CUDA_HOST_DEPS:-/tmp/cuda-host-deps}

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A long job on the device machine (../shared/device.md), across calls of at most 10 minutes each:
+# A long job on a machine reached only through commands of limited length (a remote GPU machine, a CI step):
 #   scripts/device_job.sh start NAME COMMAND...   runs COMMAND in the background, its output in /tmp/NAME/run.log
 #                                                 and /tmp/NAME/done written when it ends, whatever its exit
 #   scripts/device_job.sh poll NAME MAXSEC        waits up to MAXSEC for the job to end, prints its summary.txt and
 #                                                 the log's tail, and packs /tmp/NAME into $OUT/NAME.tar.xz
-# poll exits 3 at once where no job NAME was started: the machine was given back between calls and this one is
-# fresh, so waiting would only spend device time. It exits 0 when the job has ended, 1 while it still runs.
+# poll exits 3 at once where no job NAME was started: this is not the machine that ran `start` (a fresh one),
+# so waiting would find nothing. It exits 0 when the job has ended, 1 while it still runs.
 set -u
 root=${DEVICE_JOB_ROOT:-/tmp}
 usage() { echo "usage: device_job.sh start NAME COMMAND... | poll NAME MAXSEC" >&2; exit 2; }
@@ -24,7 +24,7 @@ case $action in
   poll)
     [ $# -eq 1 ] || usage
     case $1 in ''|*[!0-9]*) usage ;; esac
-    [ -d "$dir" ] || { echo "device_job: no job $name on this machine (a fresh one: the last was given back)" >&2; exit 3; }
+    [ -d "$dir" ] || { echo "device_job: no job $name on this machine (not the one that started it)" >&2; exit 3; }
     t0=$(date +%s)
     while ! [ -f "$dir/done" ] && [ $(( $(date +%s) - t0 )) -lt "$1" ]; do sleep 2; done
     cat "$dir/summary.txt" 2>/dev/null; tail -3 "$dir/run.log"

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Flash-attention kernel times from `test-backend-ops perf -o FLASH_ATTN_EXT` as ratios to f16/f16.
 
-Reads the console output of one or more runs (each optionally named, NAME=FILE: e.g. the base and a variant
-library of `scripts/gpu_check.sh`), groups the FLASH_ATTN_EXT cases by shape (head size, K/V heads, GQA, KV
+Reads the console output of one or more runs (each optionally named, NAME=FILE: e.g. `scripts/gpu_check.sh
+OUT fa-perf` on two builds of the chain), groups the FLASH_ATTN_EXT cases by shape (head size, K/V heads, GQA, KV
 length, queries) and prints, per shape and run, each K/V pair's time per run and its speed relative to f16/f16 of
 the same run and shape (f16 time / pair time: above 1 is faster than f16). With two or more runs, the last column
 of each pair is its speed in that run relative to the first run.
 
-  fa_perf_table.py base=OUT/fa-perf-base/perf.txt nostage=OUT/fa-perf-nostage/perf.txt [--json]
+  fa_perf_table.py before=OUT1/fa-perf.txt after=OUT2/fa-perf.txt [--json]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Key-cache quantization study for TurboQuant keys (issue 18), from real activations.
+"""Key-cache quantization study for TurboQuant keys, from real activations.
 
 Reads the per-layer post-RoPE Q/K, pre-RoPE K and V dumped by scripts/kv_dump.cpp (raw f32, see the
 comment at the top of that file), re-implements in numpy the K-cache path of the patched llama.cpp

@@ -222,7 +222,7 @@ def test_pin_with_a_wrong_type_is_one_line_exit_2(chained: Proj, old: str, new: 
         assert_clean_error(run_cli(*command.split(), cwd=chained.root), 2, fragment)
 
 
-# -- hostile input (issue 14) -------------------------------------------------------------------
+# -- hostile input -------------------------------------------------------------------------------
 def _written_state(proj: Proj) -> tuple:
     """Everything a refused command must leave as it was: patch files, chain.lock, the vendored repo."""
     chain = proj.chain()

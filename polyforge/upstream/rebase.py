@@ -3,7 +3,7 @@ reviewed; and `polyforge upstream check`, the dry run over several trees (a CI c
 
 The new tree's files are imported once into the baseline cache (vendor.py's, keyed by tree id;
 a source whose spelling always gives the same files is also remembered by spelling, so a second
-dry run downloads and hashes nothing). Replaying happens in a work repository that borrows the
+dry run downloads and hashes nothing). Replaying happens in a work repository that reads the
 objects of the vendored repository and of the cache (git alternates): every tree of the old
 chain is there for three-way merges, and a dry run writes nothing into the project.
 
@@ -174,7 +174,7 @@ def _work_root() -> Path:
     return root
 
 
-def _borrow(repo_git_dir: Path, *object_dirs: Path) -> None:
+def _read_objects_of(repo_git_dir: Path, *object_dirs: Path) -> None:
     """Let a repository read other repositories' objects (git alternates)."""
     info = repo_git_dir / "objects" / "info"
     info.mkdir(parents=True, exist_ok=True)
@@ -188,7 +188,7 @@ def _work_repo(*object_dirs: Path) -> Iterator[Git]:
     try:
         git = Git(path)
         git.run("init", "-q", "--bare")
-        _borrow(path, *object_dirs)
+        _read_objects_of(path, *object_dirs)
         yield git
     finally:
         shutil.rmtree(path, ignore_errors=True)
@@ -399,7 +399,7 @@ def start(chain: Chain, onto: str, *, release: str, commit: str | None = None, l
     incoming = project.vendor_dir / f".rebase-incoming-{int(time.time() * 1000)}"
     incoming.mkdir()
     fresh = VendoredTree.initialise(incoming)
-    _borrow(incoming / ".git", _new_tree_objects(new_base),
+    _read_objects_of(incoming / ".git", _new_tree_objects(new_base),
             previous / "llama.cpp" / ".git" / "objects")
     base_commit = fresh.git.commit_tree(new_base, f"llama.cpp {release} from {source.spelling}")
     fresh.git.run("update-ref", BRANCH, base_commit)

@@ -126,7 +126,7 @@ class VendoredTree:
 
         Works in a private copy of the live index (its stat cache spares re-hashing) and puts
         the copy back by an atomic rename, so it takes no lock that another run needs: read-only
-        commands snapshot side by side, and none can break a writer (issue 14).
+        commands snapshot side by side, and none can break a writer.
         """
         live_index = self.state_dir / "live.index"
         real_index = self.path / ".git" / "index"

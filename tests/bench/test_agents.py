@@ -250,7 +250,7 @@ def test_real_agents(real_build, tmp_path):
 def test_real_agents_shared_prefix_masks(real_build, tmp_path):
     """Agents over a shared prefix with llama.cpp's KV cache debug on: 0092 builds their KQ mask rows from the cells
     they share and, under LLAMA_KV_CACHE_DEBUG, compares each mask with the general loop's, aborting on a difference
-    (a deliberately wrong row makes llama-batched-bench exit 134: patches/README). B up to 8 keeps the open cells
+    (a deliberately wrong row makes llama-batched-bench exit 134). B up to 8 keeps the open cells
     (each agent's own tokens) under a quarter of the cache, so the shortcut runs for every B > 1."""
     done = run_pf("bench", "--build", real_build.key, "-m", "random:tiny", "--agents", "1,2,4,8", "--prefix", "512",
                   "--kv", "f16/f16,turbo3/turbo3", "-n", "8", "--out", str(tmp_path / "a"), "--json",

@@ -298,7 +298,7 @@ def test_lock_rewrites_after_intended_change(fetched: Proj):
     assert [r["status"] for r in chain.apply()] == ["applied"] * 3
 
 
-# -- issue 14: applied patches the chain no longer has, or has changed or reordered ---------
+# -- applied patches the chain no longer has, or has changed or reordered ---------
 def test_status_and_unapply_with_an_applied_patch_deleted_from_patches(fetched: Proj):
     from polyforge.chain.status import read as read_status
     _three(fetched)
@@ -369,7 +369,7 @@ def test_unapply_of_a_changed_patch_restores_the_recorded_tree_and_says_so(fetch
     assert [r["status"] for r in fetched.chain().apply()] == ["applied"] * 3
 
 
-# -- hostile input (issue 14): trailers, and what reaches git --------------------------------------
+# -- hostile input: trailers, and what reaches git --------------------------------------
 def test_capture_keeps_the_message_trailers_with_one_upstream_status(fetched: Proj):
     message = "first: subject\n\nWhy.\n\nSigned-off-by: A <a@x>\nUpstream-Status: Submitted [https://x/1]"
     capture(fetched, "0001-first", {"src/llama.h": "v1\n"}, message)

@@ -1,4 +1,4 @@
-"""The hostile-input corpus of issue 14: broken and unsafe patches, chain.locks, pins, patch
+"""The hostile-input corpus: broken and unsafe patches, chain.locks, pins, patch
 names and arguments, each run through the real CLI (a subprocess) in a scratch project.
 
 Every scratch project starts the same: the synthetic upstream of conftest, the chain 0001-a and

@@ -115,7 +115,7 @@ def test_quoted_paths_are_unquoted_and_checked():
     assert patch.changes[1].path == "src/néw.c"
 
 
-# -- hostile input (issue 14) -------------------------------------------------------------------
+# -- hostile input -------------------------------------------------------------------------------
 def test_parse_errors_count_lines_from_the_top_of_the_file():
     # GOOD's '+TWO' is line 17 of the file (line 8 of its diff section)
     assert_refused(GOOD.replace("+TWO\n", "*TWO\n"), r"line 17: corrupt hunk line")

@@ -148,7 +148,7 @@ def test_verify_on_empty_chain(fetched: Proj):
     assert proof.ok and proof.patches == []
 
 
-# -- issue 14: the smallest renumbering that makes the chain apply ---------------------------
+# -- the smallest renumbering that makes the chain apply ---------------------------
 def _dependent_on_two(p: Proj) -> None:
     capture(p, "0001-a", {"src/llama.h": "one\n"})
     capture(p, "0002-b", {"ggml/src/ggml.c": p.read("ggml/src/ggml.c").replace("// line 7\n", "// LINE 7\n")})

@@ -1,5 +1,5 @@
-"""scripts/attention_ceiling.py: the ceilings' arithmetic on issue 16's rows, the trace path on a synthetic
-trace, bad input."""
+"""scripts/attention_ceiling.py: the ceilings' arithmetic on the rows of docs/cuda-attention.md, the trace path on
+a synthetic trace, bad input."""
 
 from __future__ import annotations
 

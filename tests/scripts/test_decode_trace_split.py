@@ -102,7 +102,7 @@ def test_host_calls_are_listed_not_counted_as_gpu_work(tmp_path: Path):
 
 
 def test_keep_last_for_one_prompt_batch(tmp_path: Path):
-    """A trace of one prompt batch after the saved state (gpu_check.sh trace with TRACE_PROMPT): its only step has
+    """A trace of one prompt batch after the saved state (llama-bench -p 512 -n 0 at a depth, traced): its only step has
     no later input copy to end it, so it is found with --keep-last alone, ending at its last activity."""
     rows = [(0, 5_000_000, "memcpy kind 2 268435456 B"),
             (10_000_000, 600_000, "memcpy kind 1 34078720 B"),  # the prompt's KQ mask

@@ -1,5 +1,5 @@
 """scripts/device_job.sh: a background job started, polled to its end and packed; a poll on a machine without the
-job (given back between calls) fails at once; bad names refused."""
+job (not the one that started it) fails at once; bad names refused."""
 
 from __future__ import annotations
 

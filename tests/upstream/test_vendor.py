@@ -226,7 +226,7 @@ def test_patched_pack_is_recognised_and_its_chain_rebuilt(fetched: Proj, tmp_pat
     assert chain.tree.snapshot() == fetched.upstream.pack_tree
 
 
-# -- issue 14: pruned packs carry any chain, including one that edits a pruned folder --------
+# -- pruned packs carry any chain, including one that edits a pruned folder --------
 def _docs_chain(fetched: Proj) -> None:
     from conftest import capture
     capture(fetched, "0001-docs", {"docs/build.md": "How to build, patched.\n", "src/llama.h": "patched\n"})

@@ -328,7 +328,7 @@ def _apply_cut_short(chain) -> None:
 
 
 def test_a_journal_of_no_real_run_changes_nothing(chained: Proj):
-    """issue 14 (env-journal-bogus-commit): recovery used to reset the live tree to to_tree first,
+    """Case env-journal-bogus-commit: recovery used to reset the live tree to to_tree first,
     wiping the user's uncaptured edit, and only then fail on the bogus from_commit."""
     from polyforge.chain.status import read as read_status
     chain = chained.chain()
