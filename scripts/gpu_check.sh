@@ -9,7 +9,7 @@
 #            sm_90 alone). With PACK (an archive of `polyforge vendor pack --full`) it first vendors from that
 #            archive and applies the chain: a machine without network.
 #   ops      test-backend-ops -b CUDA0 against the CPU: the turbo K/V ops (SET_ROWS, CPY, GET_ROWS,
-#            HADAMARD_SET_ROWS, FLASH_ATTN_EXT with turbo K or V) and the Hadamard mul_mat hints (0081)
+#            HADAMARD_SET_ROWS, FLASH_ATTN_EXT with turbo K or V) and the Hadamard mul_mat hints (0082)
 #   ops-fa   every FLASH_ATTN_EXT case (a few minutes)
 #   gates    polyforge gate run GATE --build KEY for each of GATES (default: the CUDA gates); their models must
 #            be in polyforge's model cache already where there is no network
@@ -18,7 +18,7 @@
 #   pp       pp512 at depth 0 and 32k, the same pairs, the 886M shape
 #   agents   B = 1, 4, 8, 16, 32 agents sharing a 32k and a 128k prefix (llama-batched-bench -pps -kvu), decode
 #            t/s per pair, ROUNDS runs (default 1; more give medians and the ratios' range)
-#   fa-perf  the FA kernel alone (test-backend-ops perf) on the long-context cases of 0095, as a table of speed
+#   fa-perf  the FA kernel alone (test-backend-ops perf) on the long-context cases of 0085, as a table of speed
 #            against f16/f16 (scripts/fa_perf_table.py)
 #   trace    one decode step's kernels at DEPTH (default 131072) on the shape of HEADS' first head size, per K/V
 #            pair (scripts/cupti_trace.c, scripts/decode_trace_split.py; scripts/attention_ceiling.py --trace

@@ -1,4 +1,4 @@
-"""Gate kv-state-turbo: a K-shift and a state save/restore of quantized KV caches (0082's key scale and
+"""Gate kv-state-turbo: a K-shift and a state save/restore of quantized KV caches (0083's key scale and
 mean ride along with the keys), through kv_shift_state.cpp, built here against the gate's llama build.
 
 For each K/V pair: shift_kld is the divergence of the shifted cache from a shifted f16 cache, base_kld

@@ -94,7 +94,7 @@ def parse_kv_cells(metrics_text):
 
 class PoolServer(LlamaServer):
     """llama-server with /metrics and a slot-save folder (the naive baseline restores slots). LLAMA_KV_CACHE_DEBUG=1:
-    the KV cache compares each KQ mask built from the cells that several slots' sequences share (0092) with the
+    the KV cache compares each KQ mask built from the cells that several slots' sequences share (0077) with the
     general loop's and aborts on a difference, so the agents' batches here check that shortcut too."""
 
     def __init__(self, binary, model, args, log_path, slot_dir):

@@ -248,7 +248,7 @@ def test_real_agents(real_build, tmp_path):
 
 @pytest.mark.slow
 def test_real_agents_shared_prefix_masks(real_build, tmp_path):
-    """Agents over a shared prefix with llama.cpp's KV cache debug on: 0092 builds their KQ mask rows from the cells
+    """Agents over a shared prefix with llama.cpp's KV cache debug on: 0077 builds their KQ mask rows from the cells
     they share and, under LLAMA_KV_CACHE_DEBUG, compares each mask with the general loop's, aborting on a difference
     (a deliberately wrong row makes llama-batched-bench exit 134). B up to 8 keeps the open cells
     (each agent's own tokens) under a quarter of the cache, so the shortcut runs for every B > 1."""
