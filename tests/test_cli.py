@@ -168,7 +168,7 @@ def test_vendor_cli(fetched: Proj, tmp_path):
     assert done.returncode == 0 and json.loads(done.stdout)["tree"] == fetched.upstream.pack_tree
 
 
-COMMANDS = ("apply", "unapply", "status", "capture", "refresh", "lock", "verify-patches", "vendor", "rebase", "upstream",
+COMMANDS = ("apply", "unapply", "status", "capture", "refresh", "fold", "move", "rename", "chain", "lock", "verify-patches", "vendor", "rebase", "upstream",
             "build", "doctor", "models", "gate", "bench", "up")
 
 
