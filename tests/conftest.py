@@ -26,6 +26,7 @@ def git_tree_id(folder: Path) -> str:
 
 UPSTREAM_FILES = {
     "README.md": "# tiny upstream\n\nA synthetic llama.cpp stand-in.\n",
+    "CMakeLists.txt": "project(llama)\n",  # with ggml/ and src/llama.cpp: what rebase takes for llama.cpp
     ".gitignore": "build*/\n*.log\n",
     "bench.log": "ignored by upstream's own .gitignore, but content all the same\n",
     "src/llama.cpp": "".join(f"int f{i}(void) {{ return {i}; }}\n" for i in range(60)),

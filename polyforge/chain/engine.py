@@ -255,9 +255,8 @@ class Chain:
         Yields notices. While a rebase is in progress only the rebase itself (rebasing) runs."""
         notices: list[str] = []
         with FileLock(self.project.lock_path, "vendored tree") as lock:
-            if not rebasing and self.project.rebase_dir.exists():
-                raise BadInput("a rebase is in progress (vendor/rebase/)",
-                               hint="finish it first: polyforge rebase --continue, --skip or --abort")
+            if not rebasing:
+                self.require_no_rebase()
             if self.tree.exists():
                 # holding the lock, we know no other polyforge run is inside the repository
                 notices += self.tree.clear_leftovers(lock.dead_holder)
@@ -266,6 +265,14 @@ class Chain:
                     notices.append(f"recovered from an interrupted {journal.op}: the live tree is back at "
                                    f"{journal.from_commit[:12]}")
             yield notices
+
+    def require_no_rebase(self) -> None:
+        """While a rebase is in progress (vendor/rebase/) only the rebase itself runs: the pin,
+        patches/ and the vendored tree are half moved."""
+        if self.project.rebase_dir.exists():
+            raise BadInput("a rebase is in progress (vendor/rebase/)",
+                           hint="finish it first: polyforge rebase --continue, --skip or --abort "
+                                "(polyforge status says what it needs)")
 
     @contextmanager
     def shared(self) -> Iterator[FileLock]:
@@ -430,6 +437,7 @@ class Chain:
         """
         self.tree.require()
         patches = self.patches()
+        self.chain_lock()  # unapply needs no lock entry, but a malformed chain.lock is refused all the same
         applied = self.tree.applied()
         keep = self._applied_kept(applied, patches, to)
         removing = applied[keep:]

@@ -44,10 +44,10 @@ def statuses(report: rebase_lib.Report) -> dict[str, str]:
     return {o.name: o.status for o in report.outcomes}
 
 
-def rebase(proj: Proj, onto: str, release: str = "b0002") -> rebase_lib.Report:
+def rebase(proj: Proj, onto: str, release: str = "b0002", force: bool = False) -> rebase_lib.Report:
     chain = proj.chain()
     with chain.exclusive():
-        return rebase_lib.start(chain, onto, release=release)
+        return rebase_lib.start(chain, onto, release=release, force=force)
 
 
 def resume(proj: Proj, action: str) -> rebase_lib.Report:
@@ -113,7 +113,7 @@ def test_a_patch_partly_upstream(fetched: Proj, tmp_path):
 
 def test_a_file_renamed_upstream_is_followed(applied: Proj, tmp_path):
     onto = new_upstream(tmp_path, "renamed", {"src/llama.cpp": None, "src/llama-core.cpp": LLAMA_CPP})
-    report = rebase(applied, onto)
+    report = rebase(applied, onto, force=True)  # (no src/llama.cpp: not llama.cpp-like)
     assert statuses(report)["0002-b.patch"] == "three-way"
     assert "src/llama-core.cpp" in (applied.patches / "0002-b.patch").read_text()
     assert "return 70;" in applied.read("src/llama-core.cpp")
@@ -136,7 +136,7 @@ def test_dry_run_moves_nothing_and_forecasts_past_a_conflict(applied: Proj, tmp_
 
 def test_a_file_deleted_upstream_conflicts(applied: Proj, tmp_path):
     onto = new_upstream(tmp_path, "deleted", {"src/llama.cpp": None})
-    report = rebase_lib.dry_run(applied.chain(), onto)
+    report = rebase_lib.dry_run(applied.chain(), onto, force=True)
     assert statuses(report) == {"0001-a.patch": "exact", "0002-b.patch": "conflict"}
     assert report.first_conflict.conflicts == ["src/llama.cpp"]
 
@@ -211,7 +211,7 @@ def test_abort_restores_every_byte(conflicted):
 def test_abort_after_each_kind_of_conflict(applied: Proj, tmp_path, edits, conflicted_path):
     onto = new_upstream(tmp_path, "moved", edits)
     before = fingerprint(applied)
-    report = rebase(applied, onto)
+    report = rebase(applied, onto, force=True)
     assert report.first_conflict is not None and conflicted_path in report.first_conflict.conflicts
     resume(applied, "abort")
     assert fingerprint(applied) == before
