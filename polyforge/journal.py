@@ -102,4 +102,5 @@ class StepJournal:
     def _write(self) -> None:
         assert self._data is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.path, json.dumps(self._data, indent=1, sort_keys=True) + "\n")
+        # key order kept as given: a caller may render from what it reads back
+        write_text_atomic(self.path, json.dumps(self._data, indent=1) + "\n")

@@ -9,6 +9,7 @@ is journalled and recovered if it is cut short.
 from __future__ import annotations
 
 import re
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Iterator
@@ -257,6 +258,8 @@ class Chain:
         with FileLock(self.project.lock_path, "vendored tree") as lock:
             if not rebasing:
                 self.require_no_rebase()
+            if self.project.rebase_done_dir.exists():  # a finished rebase killed while deleting its workspace
+                shutil.rmtree(self.project.rebase_done_dir, ignore_errors=True)
             if self.tree.exists():
                 # holding the lock, we know no other polyforge run is inside the repository
                 notices += self.tree.clear_leftovers(lock.dead_holder)

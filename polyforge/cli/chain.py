@@ -71,7 +71,7 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
     if info.rebase:
         _say_rebase(info.rebase)
     if not info.vendored:
-        say("vendored  [red]no[/] (polyforge vendor fetch)")
+        say("vendored  [red]no[/]" + (": the rebase has it moved aside" if info.rebase else " (polyforge vendor fetch)"))
         raise typer.Exit(1)
     say(f"baseline  {info.vendor['baseline_tree'][:12]} "
         + ("[green]ok[/]" if info.vendor["baseline_ok"] else "[red]MISMATCH[/]")

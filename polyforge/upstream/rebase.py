@@ -201,11 +201,14 @@ def _work_prefix(kind: str) -> str:
     return f"polyforge-{kind}-{owner_tag()}-"
 
 
-def _borrow(repo_git_dir: Path, *object_dirs: Path) -> None:
-    """Let a repository read other repositories' objects (git alternates)."""
-    info = repo_git_dir / "objects" / "info"
+def _borrow(repo_git_dir: Path, *object_dirs: Path, relative: tuple[Path, ...] = ()) -> None:
+    """Let a repository read other repositories' objects (git alternates). `relative` ones are
+    written relative to its own objects, so a project moved or copied mid-rebase still reads them."""
+    objects = repo_git_dir / "objects"
+    info = objects / "info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "alternates").write_text("".join(f"{d.resolve()}\n" for d in object_dirs))
+    lines = [str(d.resolve()) for d in object_dirs] + [os.path.relpath(d.resolve(), objects.resolve()) for d in relative]
+    (info / "alternates").write_text("".join(f"{line}\n" for line in lines))
 
 
 @contextmanager
@@ -427,7 +430,6 @@ OP = "rebase"
 REPLAYED = ("replay", "resolve", "skip")  # the steps that give a patch its outcome
 FINISHING = ("prepare", "install", "own", "checkout", "relock", "end")
 ABORTING = ("abort", "abort-files", "abort-end")
-_DONE = ".rebase-done"  # vendor/rebase/ renamed, then deleted: the rename is the commit point
 
 
 class Workspace:
@@ -604,7 +606,8 @@ def _swap(ws: Workspace) -> None:
     if ws.incoming.exists():
         ws.incoming.rename(tree_dir)
     # the old chain's trees, for three-way merges and the review
-    _borrow(tree_dir / ".git", _new_tree_objects(ws.journal.state["new_base"]), ws.old_tree_dir / ".git" / "objects")
+    _borrow(tree_dir / ".git", _new_tree_objects(ws.journal.state["new_base"]),
+            relative=(ws.old_tree_dir / ".git" / "objects",))
 
 
 def _load_patches(ws: Workspace, names: list[str]) -> list[Patch]:
@@ -818,7 +821,7 @@ def _restore_files(ws: Workspace) -> None:
 
 def _remove_workspace(ws: Workspace) -> None:
     """The end of a rebase or of an abort: vendor/rebase/ renamed away in one step, then deleted."""
-    done = ws.project.vendor_dir / _DONE
+    done = ws.project.rebase_done_dir  # the rename is the moment the rebase (or its abort) is over
     _rmtree(done)
     ws.dir.rename(done)
     _rmtree(done)
@@ -826,7 +829,7 @@ def _remove_workspace(ws: Workspace) -> None:
 
 def _sweep(project: Project) -> None:
     """What a rebase killed after its end left: the renamed workspace, not yet deleted."""
-    _rmtree(project.vendor_dir / _DONE)
+    _rmtree(project.rebase_done_dir)
 
 
 # -- the finish --------------------------------------------------------------------------------
