@@ -102,6 +102,19 @@ def write_pin(root: Path, upstream: Upstream, sources: list[dict] | None = None)
     (root / "vendor" / "pin.yaml").write_text(yaml.safe_dump(pin, sort_keys=False))
 
 
+def fetched_project(root: Path, upstream: Upstream) -> Proj:
+    """A project at root pinned to upstream, vendored and locked (no patches yet); the cache is
+    whatever POLYFORGE_CACHE names."""
+    from polyforge.upstream import vendor
+    write_pin(root, upstream)
+    (root / "patches").mkdir()
+    proj = Proj(root, upstream)
+    chain = proj.chain()
+    vendor.fetch(chain)
+    chain.relock()
+    return proj
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
     folder = tmp_path / "cache"
