@@ -502,7 +502,6 @@ def start(chain: Chain, onto: str, *, release: str, commit: str | None = None, f
         raise BadInput(f"{source.spelling} is the pinned tree already ({new_base[:12]})")
     with _work_repo(_new_tree_objects(new_base)) as git:
         _require_llama_tree(git, source, new_base, force)
-    _sweep(project)
     pin_entry = source.pin_entry()
     if isinstance(source, GitSource) and commit is None and source.immutable:
         commit = source.rev  # a full commit id
@@ -705,7 +704,6 @@ def resume(chain: Chain, action: str, log: Log = _quiet) -> Report:
     conflicting patch) or --abort."""
     project = chain.project
     ws = Workspace(project)
-    _sweep(project)
     if not in_progress(project):
         raise BadInput("no rebase is in progress")
     if action == "abort":
@@ -821,15 +819,12 @@ def _restore_files(ws: Workspace) -> None:
 
 def _remove_workspace(ws: Workspace) -> None:
     """The end of a rebase or of an abort: vendor/rebase/ renamed away in one step, then deleted."""
-    done = ws.project.rebase_done_dir  # the rename is the moment the rebase (or its abort) is over
+    # the rename is the moment the rebase (or its abort) is over; Chain.exclusive deletes a
+    # renamed workspace that a kill left
+    done = ws.project.rebase_done_dir
     _rmtree(done)
     ws.dir.rename(done)
     _rmtree(done)
-
-
-def _sweep(project: Project) -> None:
-    """What a rebase killed after its end left: the renamed workspace, not yet deleted."""
-    _rmtree(project.rebase_done_dir)
 
 
 # -- the finish --------------------------------------------------------------------------------
@@ -883,15 +878,16 @@ def _check_rebased_chain(git: Git, new_base: str, kept: list[tuple[Patch, str]])
 def _history_text(ws: Workspace, old_pin: Pin, outcomes: list[Outcome]) -> str:
     """vendor/pin-history.yaml with the old pin appended: enough to rebase back onto it."""
     state = ws.journal.state
-    path = ws.previous / "pin-history.yaml"
-    shown = ws.project.pin_history_file
+    # the project's own file, not the saved copy: it is unchanged until install, and a user who
+    # repairs it after this step failed must have the repair read
+    path = ws.project.pin_history_file
     try:
         history = yaml.safe_load(path.read_text()) if path.exists() else None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise BadInput(f"{shown} is unreadable ({str(exc).splitlines()[0]})",
+        raise BadInput(f"{path} is unreadable ({str(exc).splitlines()[0]})",
                        hint="repair it, then polyforge rebase --continue; or --abort") from None
     if history is not None and not (isinstance(history, dict) and isinstance(history.get("pins", []), list)):
-        raise BadInput(f"{shown} is not a mapping with a 'pins' list",
+        raise BadInput(f"{path} is not a mapping with a 'pins' list",
                        hint="repair it, then polyforge rebase --continue; or --abort")
     entries = list((history or {}).get("pins", []))
     previous_raw = yaml.safe_load((ws.previous / "pin.yaml").read_text())

@@ -389,8 +389,14 @@ def test_a_failing_finish_moves_nothing_and_aborts(applied: Proj, tmp_path):
     assert_clean_error(again, 2, "pin-history.yaml is unreadable")
     status = run_cli("status", cwd=applied.root)
     assert "finishing" in status.stderr and "--continue" in status.stderr, status.stderr
+    copy = tmp_path / "copy"
+    shutil.copytree(applied.root, copy, symlinks=True)
     assert run_cli("rebase", "--abort", cwd=applied.root).returncode == 0
     assert fingerprint(applied) == before
+    (copy / "vendor" / "pin-history.yaml").write_text("pins: []\n")  # repaired: the finish goes through
+    done = run_cli("rebase", "--continue", cwd=copy)
+    assert done.returncode == 0, done.stderr
+    assert "b0001" in (copy / "vendor" / "pin-history.yaml").read_text()
 
 
 def test_a_source_that_is_not_llama_cpp_is_refused_unless_forced(applied: Proj, tmp_path):
