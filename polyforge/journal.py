@@ -24,7 +24,7 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import BadInput
 from .textfile import write_text_atomic
@@ -98,6 +98,15 @@ class StepJournal:
         self._write()
         boundary()
         return entry
+
+    def step(self, name: str, action: Callable[[], object]) -> None:
+        """A step that happens once: recorded unless it is already, and its action run when it is
+        the last step (just recorded, or recorded by a run killed before the action finished).
+        A step recorded earlier and followed by others is done: nothing runs."""
+        if not self.has(name):
+            self.record(name)
+        if self.last() == name:
+            action()
 
     def _write(self) -> None:
         assert self._data is not None

@@ -470,15 +470,6 @@ def in_progress(project: Project) -> bool:
     return project.rebase_dir.exists()
 
 
-def _step(journal: StepJournal, name: str, action: Callable[[], object]) -> None:
-    """Record `name` unless it is recorded already, and run its action when it is the last step
-    (just recorded, or recorded by a run killed before the action finished)."""
-    if not journal.has(name):
-        journal.record(name)
-    if journal.last() == name:
-        action()
-
-
 def start(chain: Chain, onto: str, *, release: str, commit: str | None = None, force: bool = False,
           log: Log = _quiet) -> Report:
     """Move the chain onto another tree; stops at a conflict (then --continue/--skip/--abort)."""
@@ -517,9 +508,9 @@ def start(chain: Chain, onto: str, *, release: str, commit: str | None = None, f
 def _forward(ws: Workspace, log: Log) -> Report:
     """Go on from the last step recorded to the next conflict or to the end."""
     journal = ws.journal
-    _step(journal, "save", lambda: _save(ws))
-    _step(journal, "incoming", lambda: _build_incoming(ws))
-    _step(journal, "swap", lambda: _swap(ws))
+    journal.step("save", lambda: _save(ws))
+    journal.step("incoming", lambda: _build_incoming(ws))
+    journal.step("swap", lambda: _swap(ws))
     tree = VendoredTree(ws.project.tree_dir)
     if journal.last() == "conflict":  # its checkout was cut short: write it again and stop there
         log("the checkout of the conflict was cut short: writing it again")
@@ -528,13 +519,13 @@ def _forward(ws: Workspace, log: Log) -> Report:
         stopped = _replay(ws, tree, log)
         if stopped is not None:
             return stopped
-    _step(journal, "prepare", lambda: _prepare(ws, tree))
-    _step(journal, "install", lambda: _install(ws))
-    _step(journal, "own", lambda: _own_objects(tree))
-    _step(journal, "checkout", lambda: _checkout_final(ws, tree))
-    _step(journal, "relock", lambda: Chain(ws.project).relock())
+    journal.step("prepare", lambda: _prepare(ws, tree))
+    journal.step("install", lambda: _install(ws))
+    journal.step("own", lambda: _own_objects(tree))
+    journal.step("checkout", lambda: _checkout_final(ws, tree))
+    journal.step("relock", lambda: Chain(ws.project).relock())
     report = _report(ws, done=True)
-    _step(journal, "end", lambda: _remove_workspace(ws))
+    journal.step("end", lambda: _remove_workspace(ws))
     log(f"rebased onto {journal.state['release']}: {len(report.outcomes)} patch(es)")
     return report
 
@@ -777,15 +768,9 @@ def abort(chain: Chain, log: Log = _quiet) -> Report:
         _remove_workspace(ws)
         return Report("?", "?", "?", [], False)
     state = journal.state
-    if not journal.has("abort"):
-        journal.record("abort")
-    _restore_tree(ws)
-    if not journal.has("abort-files"):
-        journal.record("abort-files")
-    _restore_files(ws)
-    if not journal.has("abort-end"):
-        journal.record("abort-end")
-    _remove_workspace(ws)
+    journal.step("abort", lambda: _restore_tree(ws))
+    journal.step("abort-files", lambda: _restore_files(ws))
+    journal.step("abort-end", lambda: _remove_workspace(ws))
     log("rebase aborted")
     return Report(state["onto"], state["old_trees"][0], state["new_base"],
                   [Outcome(n, "pending", "aborted") for n in state["patches"]], False)
