@@ -258,8 +258,9 @@ class Chain:
         with FileLock(self.project.lock_path, "vendored tree") as lock:
             if not rebasing:
                 self.require_no_rebase()
-            if self.project.rebase_done_dir.exists():  # a finished rebase killed while deleting its workspace
-                shutil.rmtree(self.project.rebase_done_dir, ignore_errors=True)
+            # a rebase killed while making its workspace, or while deleting it after its end
+            for leftover in (self.project.rebase_begin_dir, self.project.rebase_done_dir):
+                shutil.rmtree(leftover, ignore_errors=True)
             if self.tree.exists():
                 # holding the lock, we know no other polyforge run is inside the repository
                 notices += self.tree.clear_leftovers(lock.dead_holder)

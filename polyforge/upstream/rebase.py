@@ -499,10 +499,13 @@ def start(chain: Chain, onto: str, *, release: str, commit: str | None = None, f
     state = {"onto": source.spelling, "release": release, "commit": commit, "pin_entry": pin_entry,
              "old_trees": old, "new_base": new_base, "patches": [p.name for p in patches],
              "started": time.strftime("%Y-%m-%d")}
-    ws = Workspace(project)
-    ws.dir.mkdir(parents=True)  # a kill before the journal exists leaves it empty: nothing moved yet
-    ws.journal.begin(state)
-    return _forward(ws, log)
+    # vendor/rebase/ appears whole, journal in it: a rebase is in progress exactly when it has one
+    begin = project.rebase_begin_dir
+    _rmtree(begin)
+    begin.mkdir(parents=True)
+    StepJournal(begin / "journal.json", OP).begin(state)
+    begin.rename(project.rebase_dir)
+    return _forward(Workspace(project), log)
 
 
 def _forward(ws: Workspace, log: Log) -> Report:
@@ -700,8 +703,8 @@ def resume(chain: Chain, action: str, log: Log = _quiet) -> Report:
     if action == "abort":
         return abort(chain, log)
     if not ws.journal.exists():
-        raise BadInput("the rebase stopped before it recorded anything: nothing was moved",
-                       hint="polyforge rebase --abort clears vendor/rebase/")
+        raise BadInput(f"{ws.dir} has no journal: no rebase can be continued from it",
+                       hint="polyforge rebase --abort removes it if it is empty; otherwise inspect it")
     if ws.aborting():
         raise BadInput("an --abort of the rebase was cut short", hint="run polyforge rebase --abort again to finish it")
     entry = ws.conflict()
@@ -764,7 +767,12 @@ def abort(chain: Chain, log: Log = _quiet) -> Report:
     byte. Each part is put back only if it moved, so an abort cut short is finished by another."""
     ws = Workspace(chain.project)
     journal = ws.journal
-    if not journal.exists():  # begun, nothing recorded: nothing moved
+    if not journal.exists():
+        # polyforge makes vendor/rebase/ whole, journal in it: this one is not a rebase's
+        if any(ws.dir.iterdir()):
+            raise BadInput(f"{ws.dir} has no journal: polyforge cannot tell what to put back from it",
+                           hint="inspect it (previous/ would hold a saved pin, patches and repository); "
+                                "remove it by hand when nothing in it is needed")
         _remove_workspace(ws)
         return Report("?", "?", "?", [], False)
     state = journal.state
@@ -914,8 +922,8 @@ def describe(project: Project) -> dict | None:
         return None
     ws = Workspace(project)
     if not ws.journal.exists():
-        return {"stage": "begun", "onto": None, "release": None, "patch": None,
-                "needs": "polyforge rebase --abort (it stopped before recording anything; nothing moved)"}
+        return {"stage": "no journal", "onto": None, "release": None, "patch": None,
+                "needs": "polyforge rebase --abort if vendor/rebase/ is empty; otherwise inspect it"}
     try:
         state = ws.journal.state
     except BadInput as exc:

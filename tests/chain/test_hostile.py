@@ -245,8 +245,8 @@ def _folder(name: str, files: dict[str, str]):
 
 
 def _rebase_folder(root: Path, case_dir: Path, stack: list) -> None:
-    """vendor/rebase/ with no journal: a rebase killed before it recorded anything."""
-    (root / "vendor" / "rebase").mkdir()
+    """vendor/rebase/ with something in it but no journal: nothing polyforge can resume or undo."""
+    (root / "vendor" / "rebase" / "previous").mkdir(parents=True)
 
 
 def S(id: str, code, frag, commands=ALL, **kw) -> Case:
@@ -362,8 +362,8 @@ OTHER_CASES = [
       ("does not look like a llama.cpp",), setup=_folder("unrelated", {"src/main.rs": "fn main() {}\n"})),
     C("cli-upstream-check-empty", ("upstream", "check", "{case}/empty"), 2, ("does not look like a llama.cpp",),
       setup=_folder("empty", {})),
-    C("cli-rebase-continue-nothing-recorded", ("rebase", "--continue"), 2, ("recorded anything",),
-      setup=_rebase_folder),
+    C("cli-rebase-continue-no-journal", ("rebase", "--continue"), 2, ("has no journal",), setup=_rebase_folder),
+    C("cli-rebase-abort-no-journal", ("rebase", "--abort"), 2, ("has no journal",), setup=_rebase_folder),
 ]
 
 CASES = PATCH_CASES + OTHER_CASES
