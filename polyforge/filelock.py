@@ -22,8 +22,10 @@ from pathlib import Path
 
 from .errors import EnvironmentProblem
 
-# How long a writer waits for readers, and a reader for a writer, before giving up.
-WRITER_WAITS_FOR_READERS_S = 60.0
+# How long a writer waits for readers, and a reader for a writer, before giving up. A writer
+# waits for readers as long as they read: a reader that died has lost its flock already, and
+# a long one (a rebase dry run, upstream check) is still working for its user.
+WRITER_WAITS_FOR_READERS_S: float | None = None
 READER_WAITS_FOR_WRITER_S = 10.0
 _POLL_S = 0.02
 
@@ -62,6 +64,16 @@ def _alive(record: str) -> bool:
     return True
 
 
+def owner_tag() -> str:
+    """This process as a file-name part ("pid_start"): a folder named with it can be told to
+    be a dead run's leftover (owner_alive)."""
+    return _identity().replace(" ", "_")
+
+
+def owner_alive(tag: str) -> bool:
+    return _alive(tag.replace("_", " "))
+
+
 def open_by_a_process(path: Path) -> bool | None:
     """Whether any process we can see has `path` open (Linux /proc); None where we cannot tell."""
     proc = Path("/proc")
@@ -85,6 +97,7 @@ def open_by_a_process(path: Path) -> bool | None:
 class FileLock:
     def __init__(self, path: Path, what: str, *, blocking: bool = False, shared: bool = False,
                  wait_s: float | None = None):
+        """wait_s: how long to wait for the other kind of holder (None: the defaults above)."""
         self.path = path
         self.what = what
         self.blocking = blocking
@@ -110,7 +123,7 @@ class FileLock:
     def __enter__(self) -> "FileLock":
         fd = self._open()
         mode = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
-        deadline = time.monotonic() + self.wait_s
+        deadline = time.monotonic() + (self.wait_s if self.wait_s is not None else float("inf"))
         while True:
             try:
                 fcntl.flock(fd, mode if self.blocking else mode | fcntl.LOCK_NB)

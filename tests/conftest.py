@@ -26,6 +26,7 @@ def git_tree_id(folder: Path) -> str:
 
 UPSTREAM_FILES = {
     "README.md": "# tiny upstream\n\nA synthetic llama.cpp stand-in.\n",
+    "CMakeLists.txt": "project(llama)\n",  # with ggml/ and src/llama.cpp: what rebase takes for llama.cpp
     ".gitignore": "build*/\n*.log\n",
     "bench.log": "ignored by upstream's own .gitignore, but content all the same\n",
     "src/llama.cpp": "".join(f"int f{i}(void) {{ return {i}; }}\n" for i in range(60)),
@@ -99,6 +100,19 @@ def write_pin(root: Path, upstream: Upstream, sources: list[dict] | None = None)
     }
     (root / "vendor").mkdir(parents=True, exist_ok=True)
     (root / "vendor" / "pin.yaml").write_text(yaml.safe_dump(pin, sort_keys=False))
+
+
+def fetched_project(root: Path, upstream: Upstream) -> Proj:
+    """A project at root pinned to upstream, vendored and locked (no patches yet); the cache is
+    whatever POLYFORGE_CACHE names."""
+    from polyforge.upstream import vendor
+    write_pin(root, upstream)
+    (root / "patches").mkdir()
+    proj = Proj(root, upstream)
+    chain = proj.chain()
+    vendor.fetch(chain)
+    chain.relock()
+    return proj
 
 
 @pytest.fixture

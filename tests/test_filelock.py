@@ -70,6 +70,22 @@ def test_a_writer_waits_for_readers_instead_of_failing(tmp_path):
     thread.join()
 
 
+def test_a_writer_waits_for_long_readers_however_long(tmp_path, monkeypatch):
+    """Readers that read for minutes (two rebase dry runs) do not make a writer give up: the
+    clock jumps an hour while they hold the lock, and the writer still gets in after them."""
+    import polyforge.filelock as filelock
+    path = tmp_path / ".lock"
+    readers = [FileLock(path, "vendored tree", shared=True).__enter__() for _ in range(2)]
+    threads = [_release_later(reader, 0.3 + 0.1 * i) for i, reader in enumerate(readers)]
+    real = time.monotonic
+    started = real()
+    monkeypatch.setattr(filelock.time, "monotonic", lambda: real() + (3600 if real() - started > 0.05 else 0))
+    with FileLock(path, "vendored tree"):
+        assert real() - started >= 0.35
+    for thread in threads:
+        thread.join()
+
+
 def test_a_writer_gives_up_on_a_reader_that_never_leaves(tmp_path):
     path = tmp_path / ".lock"
     with FileLock(path, "vendored tree", shared=True):

@@ -9,6 +9,7 @@ is journalled and recovered if it is cut short.
 from __future__ import annotations
 
 import re
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Iterator
@@ -271,9 +272,11 @@ class Chain:
         Yields notices. While a rebase is in progress only the rebase itself (rebasing) runs."""
         notices: list[str] = []
         with FileLock(self.project.lock_path, "vendored tree") as lock:
-            if not rebasing and self.project.rebase_dir.exists():
-                raise BadInput("a rebase is in progress (vendor/rebase/)",
-                               hint="finish it first: polyforge rebase --continue, --skip or --abort")
+            if not rebasing:
+                self.require_no_rebase()
+            # a rebase killed while making its workspace, or while deleting it after its end
+            for leftover in (self.project.rebase_begin_dir, self.project.rebase_done_dir):
+                shutil.rmtree(leftover, ignore_errors=True)
             if self.tree.exists():
                 # holding the lock, we know no other polyforge run is inside the repository
                 notices += self.tree.clear_leftovers(lock.dead_holder)
@@ -286,6 +289,14 @@ class Chain:
                     notices.append(f"recovered from an interrupted {journal.op}: the live tree is back at "
                                    f"{journal.from_commit[:12]}")
             yield notices
+
+    def require_no_rebase(self) -> None:
+        """While a rebase is in progress (vendor/rebase/) only the rebase itself runs: the pin,
+        patches/ and the vendored tree are half moved."""
+        if self.project.rebase_dir.exists():
+            raise BadInput("a rebase is in progress (vendor/rebase/)",
+                           hint="finish it first: polyforge rebase --continue, --skip or --abort "
+                                "(polyforge status says what it needs)")
 
     @contextmanager
     def shared(self) -> Iterator[FileLock]:
@@ -450,6 +461,7 @@ class Chain:
         """
         self.tree.require()
         patches = self.patches()
+        self.chain_lock()  # unapply needs no lock entry, but a malformed chain.lock is refused all the same
         applied = self.tree.applied()
         keep = self._applied_kept(applied, patches, to)
         removing = applied[keep:]

@@ -28,6 +28,7 @@ class ChainStatus:
     interrupted: str | None  # the op of a journalled move the next command rolls back
     journal_problem: str | None  # why that rollback would be refused
     rebasing: bool = False  # a rebase is in progress (vendor/rebase/): only rebase runs until it ends
+    rebase: dict | None = None  # rebase.describe: its stage and what it needs next
     # the rest only with a vendored tree:
     applied: list[str] = field(default_factory=list)
     unapplied: list[str] = field(default_factory=list)
@@ -51,7 +52,7 @@ class ChainStatus:
         """--json: vendor status's keys, then the chain's; the tree's keys only when vendored."""
         out = dict(self.vendor)
         out.update(patches=self.patches, lock_drift=self.lock_drift, interrupted=self.interrupted,
-                   journal_problem=self.journal_problem, rebasing=self.rebasing)
+                   journal_problem=self.journal_problem, rebasing=self.rebasing, rebase=self.rebase)
         if self.vendored:
             out.update(applied=self.applied, unapplied=self.unapplied, live_edits=self.live_edits,
                        applied_changed=self.applied_changed, applied_missing=self.applied_missing,
@@ -77,7 +78,7 @@ def read(chain: Chain) -> ChainStatus:
             except BadInput as exc:
                 journal_problem = exc.message
         status = ChainStatus(vendor, [p.name for p in patches], drift, journal.op if journal else None, journal_problem,
-                             rebasing=chain.project.rebase_dir.exists())
+                             rebasing=chain.project.rebase_dir.exists(), rebase=vendor["rebase"])
         if tree.exists():
             applied = tree.applied()
             names = {p.name: p for p in patches}

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from polyforge.chain import patchfile, queue
@@ -69,8 +70,10 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
         raise typer.Exit(0 if info.ok else 1)
     pin = info.vendor["pin"]
     say(f"pin       {chain.pin.project} {chain.pin.label}, tree {pin['tree'][:12]}")
+    if info.rebase:
+        _say_rebase(info.rebase)
     if not info.vendored:
-        say("vendored  [red]no[/] (polyforge vendor fetch)")
+        say("vendored  [red]no[/]" + (": the rebase has it moved aside" if info.rebase else " (polyforge vendor fetch)"))
         raise typer.Exit(1)
     say(f"baseline  {info.vendor['baseline_tree'][:12]} "
         + ("[green]ok[/]" if info.vendor["baseline_ok"] else "[red]MISMATCH[/]")
@@ -104,12 +107,18 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
     raise typer.Exit(0 if info.ok else 1)
 
 
+def _say_rebase(rebase: dict) -> None:
+    """A rebase in progress comes first: nothing else runs until it ends."""
+    onto = f" onto {escape(rebase['release'])} ({escape(rebase['onto'])})" if rebase.get("release") else ""
+    where = f", {rebase['replayed']} of {rebase['patches']} patch(es) replayed" if "replayed" in rebase else ""
+    say(f"rebase    [red]{rebase['stage']}[/]{onto}{where}")
+    say(f"          needs: {escape(rebase['needs'])}")
+
+
 def _status_warnings(info: status_lib.ChainStatus) -> list[str]:
     """What status warns of after the live edits: chain.lock drift, and what the next command
     will recover or stop on (red: it stops)."""
     warnings = [f"[red]lock drift[/] {drift}" for drift in info.lock_drift]
-    if info.rebasing:
-        warnings.append("[red]rebase[/] in progress: polyforge rebase --continue, --skip or --abort")
     if info.journal_problem:
         warnings.append(f"[red]journal[/] {info.journal_problem}: the next command refuses to run until it is resolved")
     elif info.interrupted:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from polyforge.upstream import vendor as vendor_lib
 from polyforge.chain.engine import Chain
@@ -50,10 +51,12 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
     if json_out:
         emit_json(info)
     else:
-        say(f"pin: {chain.pin.project} {info['pin']['release']} commit {info['pin']['commit'][:12]} tree {info['pin']['tree'][:12]}")
-        if not info["vendored"]:
+        say(f"pin: {chain.pin.project} {chain.pin.label} tree {info['pin']['tree'][:12]}")
+        if info.get("rebase"):
+            say(f"[red]rebase[/] in progress: {escape(info['rebase']['needs'])}")
+        elif not info["vendored"]:
             say("[red]not vendored[/]: run polyforge vendor fetch")
-        else:
+        if info["vendored"]:
             mark = "[green]ok[/]" if info["baseline_ok"] else "[red]MISMATCH[/]"
             say(f"baseline: {info['baseline_tree'][:12]} {mark} from {info.get('source')}{' (pruned)' if info['pruned'] else ''}")
     raise typer.Exit(0 if info["ok"] else 1)

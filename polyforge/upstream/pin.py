@@ -32,8 +32,12 @@ class Pin:
             raw = schema.mapping(schema.load_yaml(path), where)
         except FileNotFoundError:
             raise BadInput(f"pin file missing: {path}") from None
+        # a misspelt key (`prnue:`) must not pass for an absent one
+        schema.only(raw, ("upstream", "pack", "sources"), where)
         upstream = schema.need(raw, "upstream", dict, where)
+        schema.only(upstream, ("project", "release", "commit", "tree"), where, section="upstream")
         pack = schema.optional(raw, "pack", dict, where, {})
+        schema.only(pack, ("prune", "tree"), where, section="pack")
         sources = schema.need(raw, "sources", list, where)
         if not sources:
             raise BadInput(f"{where}: 'sources' is empty")

@@ -224,9 +224,11 @@ def _swap_in(chain: Chain, incoming: Path) -> str | None:
 
 
 def status(chain: Chain) -> dict:
+    from polyforge.upstream import rebase  # imported here: rebase imports this module
     pin, tree = chain.pin, chain.tree
     info: dict = {"pin": {"release": pin.release, "commit": pin.commit, "tree": pin.tree,
-                          "sources": [s.name for s in pin.sources]}, "vendored": tree.exists()}
+                          "sources": [s.name for s in pin.sources]}, "vendored": tree.exists(),
+                  "rebase": rebase.describe(chain.project)}
     if not tree.exists():
         info["ok"] = False
         return info
@@ -234,7 +236,7 @@ def status(chain: Chain) -> dict:
     state = tree.state()
     info.update(baseline_tree=base, baseline_ok=base == chain.expected_base(), pruned=bool(state.get("pruned")),
                 source=state.get("source"), detail=state.get("detail"))
-    info["ok"] = info["baseline_ok"]
+    info["ok"] = info["baseline_ok"] and info["rebase"] is None
     return info
 
 
@@ -271,6 +273,7 @@ def pack(chain: Chain, out: Path, patched: bool = False, prune: bool = True) -> 
     if out.suffixes[-2:] != [".tar", ".xz"]:
         raise BadInput(f"{out}: the pack must be a .tar.xz file")
     _check_output(out)
+    chain.require_no_rebase()
     with chain.shared():
         packed_tree, prune_list, data = _pack_archive(chain, patched, prune)
     _write_compressed(out, data)

@@ -484,3 +484,13 @@ def test_a_patch_through_a_baseline_symlink_is_unsafe_before_it_is_drift(tmp_pat
             with pytest.raises(BadInput, match=f"{path} goes through the symlink {path.split('/')[0]}"):
                 command()
         assert chain.tree.head() == head
+
+
+def test_unapply_refuses_a_malformed_chain_lock(chained: Proj):
+    chained.chain().apply()
+    before = chained.chain().tree.head()
+    (chained.patches / "chain.lock").write_text("{ not json\n")
+    with pytest.raises(BadInput, match="chain.lock"):
+        with chained.chain().exclusive():
+            chained.chain().unapply()
+    assert chained.chain().tree.head() == before

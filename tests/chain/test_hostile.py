@@ -240,6 +240,21 @@ def _latin1_message(root: Path, case_dir: Path, stack: list) -> None:
     (case_dir / "msg-latin1.txt").write_bytes(b"hostile: latin-1\n\nCaf\xe9 au lait.\n")
 
 
+def _folder(name: str, files: dict[str, str]):
+    """A source folder beside the project (in the case folder)."""
+    def setup(root: Path, case_dir: Path, stack: list) -> None:
+        (case_dir / name).mkdir(exist_ok=True)
+        for rel, text in files.items():
+            (case_dir / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (case_dir / name / rel).write_text(text)
+    return setup
+
+
+def _rebase_folder(root: Path, case_dir: Path, stack: list) -> None:
+    """vendor/rebase/ with something in it but no journal: nothing polyforge can resume or undo."""
+    (root / "vendor" / "rebase" / "previous").mkdir(parents=True)
+
+
 def S(id: str, code, frag, commands=ALL, **kw) -> Case:
     return Case(id, code, tuple(frag), tuple(commands), **kw)
 
@@ -292,6 +307,15 @@ OTHER_CASES = [
     S("pin-python-tag", 2, PIN_FRAG, PIN_COMMANDS,
       setup=_pin("upstream: !!python/object/apply:os.system ['touch /tmp/polyforge-hostile-pin']\n")),
     S("pin-not-utf8", 2, PIN_FRAG, PIN_COMMANDS, setup=_pin(b"upstream:\n  project: caf\xe9\n")),
+    S("pin-unknown-top-key", 2, PIN_FRAG + ("unknown key", "extra"), PIN_COMMANDS,
+      setup=_pin(edit=lambda raw: raw.__setitem__("extra", 1))),
+    S("pin-unknown-upstream-key", 2, PIN_FRAG + ("upstream.relase",), PIN_COMMANDS,
+      setup=_pin(edit=lambda raw: raw["upstream"].__setitem__("relase", "b0002"))),
+    S("pin-misspelt-prune", 2, PIN_FRAG + ("pack.prnue",), PIN_COMMANDS,
+      setup=_pin(edit=lambda raw: raw["pack"].__setitem__("prnue", raw["pack"].pop("prune")))),
+    # a pin without a commit is valid: the commands that only read it answer, no traceback
+    S("pin-without-commit", 0, (), ("status", "vendor-status"),
+      setup=_pin(edit=lambda raw: raw["upstream"].pop("commit"))),
     # the environment
     S("env-lock-held", 3, ("pid",), ("apply", "verify-patches", "lock", "unapply", "capture", "refresh"),
       setup=_hold_lock),
@@ -335,6 +359,17 @@ OTHER_CASES = [
     C("cli-unapply-to-9999", ("unapply", "--to", "9999"), 2, ("9999",)),
     C("cli-vendor-pack-under-a-file", ("vendor", "pack", "{root}/vendor/pin.yaml/x.tar.xz"), 2, ("pin.yaml",)),
     C("cli-vendor-pack-missing-dir", ("vendor", "pack", "{case}/nonexistent/dir/x.tar.xz"), 2, ("nonexistent/dir",)),
+    # rebase: no rebase to resume, sources that are not llama.cpp, a rebase killed before it recorded anything
+    C("cli-rebase-continue-none", ("rebase", "--continue"), 2, ("no rebase is in progress",)),
+    C("cli-rebase-abort-none", ("rebase", "--abort"), 2, ("no rebase is in progress",)),
+    C("cli-rebase-onto-empty", ("rebase", "--onto", "{case}/empty", "--dry-run"), 2, ("does not look like a llama.cpp",),
+      setup=_folder("empty", {})),
+    C("cli-rebase-onto-unrelated", ("rebase", "--onto", "{case}/unrelated", "--dry-run"), 2,
+      ("does not look like a llama.cpp",), setup=_folder("unrelated", {"src/main.rs": "fn main() {}\n"})),
+    C("cli-upstream-check-empty", ("upstream", "check", "{case}/empty"), 2, ("does not look like a llama.cpp",),
+      setup=_folder("empty", {})),
+    C("cli-rebase-continue-no-journal", ("rebase", "--continue"), 2, ("has no journal",), setup=_rebase_folder),
+    C("cli-rebase-abort-no-journal", ("rebase", "--abort"), 2, ("has no journal",), setup=_rebase_folder),
 ]
 
 CASES = PATCH_CASES + OTHER_CASES

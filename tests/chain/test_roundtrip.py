@@ -10,8 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import Proj, make_upstream, write_pin
-from polyforge.upstream import vendor
+from conftest import fetched_project, make_upstream
 from polyforge.chain import verify
 
 FILES = ["README.md", "src/llama.cpp", "src/llama.h", "ggml/src/ggml.c", "docs/build.md"]
@@ -56,14 +55,8 @@ def _do(tree: Path, op: str, rel: str, at: int, text: str) -> None:
 def test_capture_unapply_apply_verify(batches, cache):
     base = Path(tempfile.mkdtemp(prefix="pf-prop-"))
     try:
-        upstream = make_upstream(base)
-        root = base / "project"
-        write_pin(root, upstream)
-        (root / "patches").mkdir()
-        proj = Proj(root, upstream)
+        proj = fetched_project(base / "project", make_upstream(base))
         chain = proj.chain()
-        vendor.fetch(chain)
-        chain.relock()
         captured = 0
         for number, batch in enumerate(batches, 1):
             for op in batch:
@@ -73,7 +66,7 @@ def test_capture_unapply_apply_verify(batches, cache):
                 captured += 1
         live = chain.tree.snapshot()
         assert len(chain.unapply()) == captured
-        assert chain.tree.snapshot() == upstream.tree
+        assert chain.tree.snapshot() == proj.upstream.tree
         chain.apply()
         assert chain.tree.snapshot() == live
         proof = verify.verify(chain)
