@@ -21,7 +21,7 @@ from polyforge.chain import patchfile
 from polyforge.chain.engine import Chain, apply_in_index, chain_paths, find_misnumbered, prune_tree, run_chain
 from polyforge.git import Git, scratch_index
 from polyforge.chain.patchfile import Patch
-from polyforge.upstream.vendored_tree import EXCLUDED_PATHS
+from polyforge.tree_identity import EXCLUDED_PATHS
 
 
 @dataclass

@@ -56,6 +56,7 @@ from polyforge.errors import BadInput, VerificationFailed
 from polyforge.filelock import FileLock
 from polyforge.git import Git, GitFailed, scratch_index
 from polyforge.project import Project, cache_dir
+from polyforge import tree_identity
 from polyforge.textfile import write_text_atomic
 from polyforge.upstream import review as review_lib
 from polyforge.upstream.pin import Pin, render_pin
@@ -473,15 +474,9 @@ def _checkout(tree: VendoredTree, head: str, worktree_tree: str) -> None:
 def _remove_extra_files(tree: VendoredTree, wanted: str) -> None:
     """Delete live files that `wanted` does not have (a file an earlier checkout wrote)."""
     listed = set(tree.git.run("ls-tree", "-r", "-z", "--name-only", wanted, strip=False).split("\0"))
-    for root, dirs, files in os.walk(tree.path):
-        rel_root = os.path.relpath(root, tree.path)
-        # never content (vendored_tree.EXCLUDED_PATHS): git metadata, build folders, __pycache__
-        dirs[:] = [d for d in dirs if d != "__pycache__" and not (
-            rel_root == "." and (d == ".git" or d == "build" or d.startswith("build-")))]
-        for name in files:
-            rel = name if rel_root == "." else f"{rel_root}/{name}"
-            if rel not in listed:
-                os.unlink(os.path.join(root, name))
+    for rel in tree_identity.counted_files(tree.path):  # build outputs and .git are never content
+        if rel not in listed:
+            os.unlink(os.path.join(tree.path, rel))
 
 
 def _report(state: dict, outcomes: list[Outcome], *, dry_run: bool, done: bool = False) -> Report:
