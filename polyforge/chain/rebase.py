@@ -58,7 +58,7 @@ from polyforge.git import Git, GitFailed, scratch_index
 from polyforge.project import Project, cache_dir
 from polyforge import tree_identity
 from polyforge.textfile import write_text_atomic
-from polyforge.upstream import review as review_lib
+from polyforge.chain import review as review_lib
 from polyforge.upstream.pin import Pin, render_pin
 from polyforge.upstream.source import Git as GitSource, SourceKind, source_from_argument
 from polyforge.upstream.vendor import baseline_objects, store_baseline_objects
