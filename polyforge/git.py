@@ -167,6 +167,17 @@ def scratch_index(repo: Git, tree: str | None = None) -> Iterator[Git]:
         Path(name).unlink(missing_ok=True)
 
 
+def prune_tree(repo: Git, tree: str, prune: tuple[str, ...], keep: set[str] | frozenset[str] = frozenset()) -> str:
+    """`tree` less the top-level folders in `prune`, except the files named in `keep`."""
+    with scratch_index(repo, tree) as index:
+        if prune:
+            listed = index.run("ls-files", "-z", "--", *(f":(literal){p}" for p in prune), strip=False)
+            drop = [path for path in listed.split("\0") if path and path not in keep]
+            if drop:
+                index.run("update-index", "--force-remove", "-z", "--stdin", input="".join(f"{p}\0" for p in drop).encode())
+        return index.write_tree()
+
+
 def git_version() -> str | None:
     try:
         return Git(Path.cwd()).run("--version")

@@ -20,6 +20,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Not tree_identity's rule: this hashes a gate record's inputs (gate programs, built libraries,
+# polyforge's own sources), where a build/ folder is no build output to skip; only bytecode is
+# noise in all of them.
 _SKIPPED_DIRS = ("__pycache__",)
 
 

@@ -24,6 +24,7 @@ from typing import Callable
 from polyforge import schema
 from polyforge.build import cmake
 from polyforge.build import toolchain
+from polyforge.chain.engine import Chain
 from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
 from polyforge.filelock import FileLock
 from polyforge.hashing import sha256_bytes, sha256_file
@@ -197,7 +198,7 @@ def chain_digest(applied: list[tuple[str, str]]) -> str:
     return sha256_bytes("".join(f"{name} {sha}\n" for name, sha in applied).encode())
 
 
-def plan(chain, options: BuildOptions) -> Plan:
+def plan(chain: Chain, options: BuildOptions) -> Plan:
     """Everything the build will do, computed from the chain and options; runs nothing but
     version probes and a snapshot of the live tree. Holds the project lock meanwhile, so the
     applied chain and the live tree it records are one state, not a tree half moved."""
@@ -205,7 +206,7 @@ def plan(chain, options: BuildOptions) -> Plan:
         return _plan(chain, options)
 
 
-def _plan(chain, options: BuildOptions) -> Plan:
+def _plan(chain: Chain, options: BuildOptions) -> Plan:
     tree = chain.tree
     tree.require()
     project = chain.project
@@ -341,7 +342,7 @@ class BuildResult:
     seconds: float
 
 
-def build(chain, options: BuildOptions, *, on_plan: Callable[[Plan], None] | None = None,
+def build(chain: Chain, options: BuildOptions, *, on_plan: Callable[[Plan], None] | None = None,
           on_progress: Callable[[int, int, str], None] | None = None) -> BuildResult:
     """Plan (under the project lock), then run: what build, gate, bench and up all do."""
     planned = plan(chain, options)

@@ -17,18 +17,14 @@ from typing import Iterator
 from polyforge.chain import patchfile, transaction
 from polyforge.errors import BadInput, VerificationFailed
 from polyforge.filelock import FileLock
-from polyforge.git import Git, scratch_index, user_identity
+from polyforge.git import Git, prune_tree, scratch_index, user_identity
 from polyforge.chain.lockfile import ChainLock, LockEntry
 from polyforge.chain.patchfile import Patch
 from polyforge.project import Project
-from polyforge.upstream.pin import Pin
-from polyforge.upstream.vendored_tree import BASELINE_TAG, AppliedPatch, VendoredTree
+from polyforge.upstream.vendored_tree import BASELINE_TAG, BRANCH, AppliedPatch, VendoredTree
+from polyforge.upstream.workspace import Workspace
 
 _OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
-
-
-class DirtyTree(BadInput):
-    """The live tree has edits the command would overwrite."""
 
 
 @dataclass
@@ -241,30 +237,14 @@ def _longest_increasing(sequence: list[int]) -> list[int]:
     return result
 
 
-def prune_tree(repo: Git, tree: str, prune: tuple[str, ...], keep: set[str] | frozenset[str] = frozenset()) -> str:
-    """`tree` less the top-level folders in `prune`, except the files named in `keep`."""
-    with scratch_index(repo, tree) as index:
-        if prune:
-            listed = index.run("ls-files", "-z", "--", *(f":(literal){p}" for p in prune), strip=False)
-            drop = [path for path in listed.split("\0") if path and path not in keep]
-            if drop:
-                index.run("update-index", "--force-remove", "-z", "--stdin", input="".join(f"{p}\0" for p in drop).encode())
-        return index.write_tree()
-
-
 def chain_paths(patches: list[Patch]) -> frozenset[str]:
     """Every path any patch of the chain touches: a pruned baseline keeps these."""
     return frozenset(path for patch in patches for path in patch.paths())
 
 
 # -- the project-level chain -----------------------------------------------------------------
-class Chain:
-    """A project's patches, pin, lock and vendored tree together."""
-
-    def __init__(self, project: Project):
-        self.project = project
-        self.pin = Pin.load(project.pin_file)
-        self.tree = VendoredTree(project.tree_dir)
+class Chain(Workspace):
+    """A project's patches and chain.lock on its pin and vendored tree (the Workspace)."""
 
     @contextmanager
     def exclusive(self, rebasing: bool = False) -> Iterator[list[str]]:
@@ -290,23 +270,6 @@ class Chain:
                                    f"{journal.from_commit[:12]}")
             yield notices
 
-    def require_no_rebase(self) -> None:
-        """While a rebase is in progress (vendor/rebase/) only the rebase itself runs: the pin,
-        patches/ and the vendored tree are half moved."""
-        if self.project.rebase_dir.exists():
-            raise BadInput("a rebase is in progress (vendor/rebase/)",
-                           hint="finish it first: polyforge rebase --continue, --skip or --abort "
-                                "(polyforge status says what it needs)")
-
-    @contextmanager
-    def shared(self) -> Iterator[FileLock]:
-        """Hold the project lock shared, for a command that only reads (status): no writer moves
-        the tree meanwhile, and a writer waits for readers rather than failing. A shared lock
-        rather than none, because a reader must not answer from a half-moved tree; readers
-        still run side by side, as snapshot takes no git lock. Yields the lock (its dead_holder)."""
-        with FileLock(self.project.lock_path, "vendored tree", shared=True) as lock:
-            yield lock
-
     def patches(self) -> list[Patch]:
         """The chain, each patch checked against the baseline's symlinks: a path through one is
         refused as unsafe (exit 2) before anything compares the chain with chain.lock. Patches
@@ -323,41 +286,63 @@ class Chain:
     def chain_lock(self) -> ChainLock | None:
         return ChainLock.read(self.project.chain_lock_file)
 
-    @property
-    def pruned(self) -> bool:
-        return bool(self.tree.state().get("pruned"))
-
     def pack_base(self) -> str | None:
         """The pruned baseline this chain needs: chain.lock's, which keeps the files the chain
         touches inside the pruned folders; with no lock (no chain), the pin's pack.tree."""
         lock = self.chain_lock()
         if lock is not None and lock.pack_base_tree:
             return lock.pack_base_tree
-        return self.pin.pack_tree
-
-    def expected_base(self) -> str:
-        if self.pruned:
-            pack_base = self.pack_base()
-            if not pack_base:
-                raise BadInput("the vendored tree is pruned but neither chain.lock nor the pin records a pruned baseline")
-            return pack_base
-        return self.pin.tree
+        return super().pack_base()
 
     def locked_tree(self, entry: LockEntry | None) -> str | None:
         if entry is None:
             return None
         return entry.pack_tree if self.pruned else entry.tree
 
-    def live_changes(self) -> list[tuple[str, str]]:
-        """(status, path) of live edits beyond the applied chain."""
-        return self.tree.git.diff_names(self.tree.head_tree(), self.tree.snapshot())
+    def adopt_patched(self, fresh: VendoredTree, got: str, message: str) -> bool | None:
+        """A tree that is the pinned baseline plus a prefix of the chain (a `pack --patched`).
 
-    def require_clean(self, what: str) -> None:
-        changes = self.live_changes()
-        if changes:
-            files = ", ".join(p for _, p in changes[:5]) + (f" and {len(changes) - 5} more" if len(changes) > 5 else "")
-            raise DirtyTree(f"the vendored tree has live edits that {what} would overwrite: {files}",
-                            hint="capture them (polyforge capture NNNN-slug), refresh the top patch, or move them away")
+        Recognised by its tree id in chain.lock; the baseline is rebuilt by reverse-applying the
+        prefix and must be the pinned tree. Returns whether it is pruned, or None if unknown.
+        """
+        lock = self.chain_lock()
+        if lock is None:
+            return None
+        for pruned, base in ((False, self.pin.tree), (True, lock.pack_base_tree)):
+            trees = [e.pack_tree if pruned else e.tree for e in lock.patches]
+            if got not in trees:
+                continue
+            count = trees.index(got) + 1
+            patches = {p.name: p for p in self.patches()}
+            prefix = [patches.get(e.name) for e in lock.patches[:count]]
+            if None in prefix or [p.sha256 for p in prefix] != [e.sha256 for e in lock.patches[:count]]:
+                raise VerificationFailed("the archive is a patched tree, but patches/ no longer holds its chain")
+            steps = run_chain(fresh.git, got, list(reversed(prefix)), reverse=True)
+            if not all(s.ok for s in steps) or steps[-1].tree != base:
+                raise VerificationFailed(f"the patched archive does not reverse to the pinned baseline {base}")
+            commit = fresh.git.commit_tree(base, message)
+            fresh.git.run("tag", "-f", BASELINE_TAG, commit)
+            for patch, tree in zip(prefix, trees[:count]):
+                commit = fresh.patch_commit(commit, tree, patch.name, patch.sha256)
+            fresh.git.run("update-ref", BRANCH, commit)
+            fresh.git.run("symbolic-ref", "HEAD", BRANCH)
+            fresh.sync_index()
+            return pruned
+        return None
+
+    def pack_expectation(self, patched: bool) -> tuple[frozenset[str], str | None]:
+        """Every file the chain touches, so that the chain applies on the unpacked tree; and the
+        pruned tree chain.lock records for the baseline, or for the applied prefix (patched)."""
+        patches = self.patches()
+        keep = chain_paths(patches)
+        if not patched:
+            return keep, self.pack_base()
+        self.require_no_drift(patches)
+        applied = self.applied_prefix(patches)
+        lock = self.chain_lock()
+        if lock is None or not applied:
+            return keep, self.pack_base()
+        return keep, lock.patches[len(applied) - 1].pack_tree
 
     def lock_drift(self, patches: list[Patch]) -> list[str]:
         lock = self.chain_lock()

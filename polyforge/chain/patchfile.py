@@ -14,13 +14,12 @@ import stat
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 from polyforge.errors import BadInput
 from polyforge.git import Git
 from polyforge.hashing import sha256_bytes
-from polyforge.upstream.vendored_tree import EXCLUDED_PATHS
+from polyforge.tree_identity import excluded_by
 
 MAGIC_FROM = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001"
 PATCH_NAME = re.compile(r"^([0-9]{4})-([a-z0-9][a-z0-9.-]*)\.patch$")  # not \d: it matches any script's digits
@@ -300,21 +299,6 @@ def _unquote(raw: str, where: str) -> str:
         raise BadInput(f"{where}: path {raw[:80]!r} is not UTF-8 once unquoted") from None
 
 
-def _excluded_by(path: str) -> str | None:
-    """The EXCLUDED_PATHS pattern (git glob: '*' stays within a folder) a file falls under."""
-    parts = path.split("/")
-    for depth in range(1, len(parts)):
-        folder = "/".join(parts[:depth])
-        for pattern in EXCLUDED_PATHS:
-            glob = pattern.rstrip("/")
-            if glob.startswith("**/"):
-                if fnmatchcase(parts[depth - 1], glob[3:]):
-                    return pattern
-            elif folder.count("/") == glob.count("/") and fnmatchcase(folder, glob):
-                return pattern
-    return None
-
-
 def _check_path(path: str, where: str) -> str:
     parts = path.split("/")  # not PurePosixPath: it drops '.' and empty components
     if _CONTROL.search(path) or "\t" in path:
@@ -330,7 +314,7 @@ def _check_path(path: str, where: str) -> str:
     # git refuses a .git component at any depth, in any case ('.GIT', '.git.' on NTFS and HFS+)
     if any(part.lower().rstrip(". ") == ".git" for part in parts):
         raise BadInput(f"{where}: path {path!r} touches git metadata")
-    excluded = _excluded_by(path)
+    excluded = excluded_by(path)
     if excluded:
         # the tree identity ignores these folders: a patch there could never be unapplied
         raise BadInput(f"{where}: {path} is under {excluded}, which is excluded from the tree's identity (build outputs)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from polyforge.chain import rebase as rebase_lib
 from polyforge.upstream import vendor as vendor_lib
 from polyforge.chain.engine import Chain
 from polyforge.errors import BadInput
@@ -66,7 +67,7 @@ class ChainStatus:
 def read(chain: Chain) -> ChainStatus:
     """The status, read holding the project lock shared."""
     with chain.shared() as lock:
-        vendor = vendor_lib.status(chain)
+        vendor = vendor_lib.status(chain, rebase_lib.describe(chain.project))
         patches = chain.patches()
         drift = chain.lock_drift(patches)
         tree = chain.tree

@@ -9,8 +9,8 @@ first when they are all done. A run killed at any moment therefore leaves either
 takes the project lock rolls back, byte for byte; rolling back twice is harmless, so a kill
 during the roll-back is recovered the same way.
 
-POLYFORGE_KILL_AT_STEP=N makes the process SIGKILL itself at the N-th step (1-based) of such a
-command; the tests use it to kill a real run at every step boundary.
+Each write is a step boundary of journal.py's kill hook (POLYFORGE_KILL_AT_STEP=N: SIGKILL at the
+N-th boundary), with which the tests kill a real run at every one.
 """
 
 from __future__ import annotations
@@ -18,28 +18,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from polyforge.errors import BadInput
 from polyforge.git import Git
+from polyforge.journal import boundary as step
 from polyforge.project import Project
-
-KILL_ENV = "POLYFORGE_KILL_AT_STEP"
-_steps_taken = [0]
-
-
-def step() -> None:
-    """A step boundary: where POLYFORGE_KILL_AT_STEP asks for it, die here as a kill -9 would."""
-    _steps_taken[0] += 1
-    wanted = os.environ.get(KILL_ENV)
-    if wanted and wanted.isdigit() and int(wanted) == _steps_taken[0]:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def steps_taken() -> int:
-    return _steps_taken[0]
 
 
 @dataclass
@@ -58,7 +43,7 @@ class Transaction:
 
     def commit(self) -> None:
         """Journal, write everything, then drop the journal."""
-        saved = self._save_old()
+        self._save_old()
         step()
         for rel, data in sorted(self.writes.items(), key=lambda kv: kv[1] is not None):  # deletions first
             path = self.project.root / rel
@@ -77,9 +62,8 @@ class Transaction:
         (self.folder / "journal.json").unlink()
         step()
         shutil.rmtree(self.folder, ignore_errors=True)
-        del saved
 
-    def _save_old(self) -> dict:
+    def _save_old(self) -> None:
         if (self.folder / "journal.json").exists():  # pragma: no cover - recover() runs first under the lock
             raise BadInput(f"{self.folder} holds an unfinished {self.what}")
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -99,7 +83,6 @@ class Transaction:
         tmp = self.folder / "journal.json.tmp"
         tmp.write_text(json.dumps(journal, indent=1))
         os.replace(tmp, self.folder / "journal.json")
-        return journal
 
 
 def recover(project: Project) -> str | None:

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
 from polyforge.chain import patchfile
-from polyforge.chain.engine import Chain, apply_in_index, chain_paths, find_misnumbered, prune_tree, run_chain
-from polyforge.git import Git, scratch_index
+from polyforge.chain.engine import Chain, apply_in_index, chain_paths, find_misnumbered, run_chain
+from polyforge.git import Git, prune_tree, scratch_index
 from polyforge.chain.patchfile import Patch
-from polyforge.upstream.vendored_tree import EXCLUDED_PATHS
+from polyforge.tree_identity import EXCLUDED_PATHS
 
 
 @dataclass

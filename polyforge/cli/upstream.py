@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from polyforge.chain.engine import Chain
 from polyforge.errors import BadInput
-from polyforge.upstream import rebase as rebase_lib
+from polyforge.chain import rebase as rebase_lib
 from ..project import find_project
 from . import app
 from .render import emit_json, say

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from polyforge.chain import rebase as rebase_lib
 from polyforge.upstream import vendor as vendor_lib
 from polyforge.chain.engine import Chain
 from ..project import find_project
@@ -47,7 +48,7 @@ def fetch(
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """The pin and whether the vendored baseline matches it."""
     chain = Chain(find_project())
-    info = vendor_lib.status(chain)
+    info = vendor_lib.status(chain, rebase_lib.describe(chain.project))
     if json_out:
         emit_json(info)
     else:

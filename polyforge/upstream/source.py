@@ -61,7 +61,8 @@ from polyforge.git import Git as GitRepo, GitFailed
 from polyforge.hashing import sha256_bytes, sha256_file
 
 # Never copied out of a source: nested git metadata (the sdist ships a submodule gitlink
-# file, packaging debris that breaks git commands inside the tree).
+# file, packaging debris that breaks git commands inside the tree). Build outputs in a source
+# are copied; the snapshot leaves them out (tree_identity.py).
 _SKIP_NAMES = {".git"}
 _TIMEOUT = 60
 PYPI_INDEX = "https://pypi.org/simple"

@@ -1,4 +1,4 @@
-"""Fetching the pinned baseline into the vendored repository (vendored.py), and packing it.
+"""Fetching the pinned baseline into the vendored repository (vendored_tree.py), and packing it.
 
 The library of `polyforge vendor` (fetch, status, pack); where a source's files come from
 is source.py. fetch: fill a fresh folder beside vendor/llama.cpp from a source, prove its
@@ -6,6 +6,9 @@ tree id against the pin (the full tree) or chain.lock (the pruned baseline the c
 which keeps the files the chain touches inside the pin's pack.prune folders), make it the
 vendored repository, and only then swap it in. An existing tree with live edits is never
 overwritten: --force moves it into vendor/backups/ and says where.
+
+What the chain decides (its pruned baseline, a patched pack, what a pruned pack keeps) comes
+from the Workspace's questions, which the chain answers (workspace.py).
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from polyforge.chain.engine import Chain, chain_paths, prune_tree, run_chain
 from polyforge.errors import BadInput, EnvironmentProblem, PolyforgeError, VerificationFailed
 from polyforge.filelock import FileLock
+from polyforge.git import prune_tree
 from polyforge.hashing import sha256_file
 from polyforge.project import cache_dir
 from polyforge.upstream.source import source_from_argument
-from polyforge.upstream.vendored_tree import BASELINE_TAG, BRANCH, VendoredTree
+from polyforge.upstream.vendored_tree import VendoredTree
+from polyforge.upstream.workspace import Workspace
 
 
 @dataclass
@@ -47,9 +51,9 @@ def _incoming(project_vendor: Path) -> Path:
     return path
 
 
-def fetch(chain: Chain, source: str | None = None, force: bool = False) -> FetchResult:
+def fetch(ws: Workspace, source: str | None = None, force: bool = False) -> FetchResult:
     started = time.monotonic()
-    project, pin, tree = chain.project, chain.pin, chain.tree
+    project, pin, tree = ws.project, ws.pin, ws.tree
     if source is None:
         candidates = list(pin.sources)
     else:
@@ -57,7 +61,7 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
             candidates = [source_from_argument(source, pin.sources)]
         except BadInput as exc:
             raise BadInput(f"--source {exc.message}") from None
-    pack_base = chain.pack_base()
+    pack_base = ws.pack_base()
     if tree.exists() and not force:
         base = tree.baseline_tree()
         if base in (pin.tree, pack_base):
@@ -67,9 +71,9 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
                                  hint="polyforge vendor fetch --force re-vendors (live edits are backed up)")
     skipped: list[str] = []
     if source is None:
-        hit = _from_baseline_cache(chain)
+        hit = _from_baseline_cache(ws)
         if hit is not None:
-            backup = _swap_in(chain, hit)
+            backup = _swap_in(ws, hit)
             return FetchResult("cache", str(_baseline_cache(pin.tree)), pin.tree, False,
                                time.monotonic() - started, [], backup)
     for candidate in candidates:
@@ -89,7 +93,7 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
                     f"a pack made for another chain; this chain edits files there and needs {pack_base}",
                     hint="pack the tree in a project with this chain (polyforge vendor pack), or use --full")
             else:
-                pruned = _adopt_patched(chain, fresh, got, message)
+                pruned = ws.adopt_patched(fresh, got, message)
                 if pruned is None:
                     raise VerificationFailed(
                         f"source '{candidate.name}' yields tree {got}, the pin says {pin.tree}"
@@ -106,41 +110,9 @@ def fetch(chain: Chain, source: str | None = None, force: bool = False) -> Fetch
         except (PolyforgeError, KeyboardInterrupt):
             shutil.rmtree(incoming, ignore_errors=True)
             raise
-        backup = _swap_in(chain, incoming)
+        backup = _swap_in(ws, incoming)
         return FetchResult(candidate.name, detail, got, pruned, time.monotonic() - started, skipped, backup)
     raise EnvironmentProblem("no source could be fetched: " + "; ".join(skipped))
-
-
-def _adopt_patched(chain: Chain, fresh: VendoredTree, got: str, message: str) -> bool | None:
-    """A tree that is the pinned baseline plus a prefix of the chain (a `pack --patched`).
-
-    Recognised by its tree id in chain.lock; the baseline is rebuilt by reverse-applying the
-    prefix and must be the pinned tree. Returns whether it is pruned, or None if unknown.
-    """
-    lock = chain.chain_lock()
-    if lock is None:
-        return None
-    for pruned, base in ((False, chain.pin.tree), (True, lock.pack_base_tree)):
-        trees = [e.pack_tree if pruned else e.tree for e in lock.patches]
-        if got not in trees:
-            continue
-        count = trees.index(got) + 1
-        patches = {p.name: p for p in chain.patches()}
-        prefix = [patches.get(e.name) for e in lock.patches[:count]]
-        if None in prefix or [p.sha256 for p in prefix] != [e.sha256 for e in lock.patches[:count]]:
-            raise VerificationFailed("the archive is a patched tree, but patches/ no longer holds its chain")
-        steps = run_chain(fresh.git, got, list(reversed(prefix)), reverse=True)
-        if not all(s.ok for s in steps) or steps[-1].tree != base:
-            raise VerificationFailed(f"the patched archive does not reverse to the pinned baseline {base}")
-        commit = fresh.git.commit_tree(base, message)
-        fresh.git.run("tag", "-f", BASELINE_TAG, commit)
-        for patch, tree in zip(prefix, trees[:count]):
-            commit = fresh.patch_commit(commit, tree, patch.name, patch.sha256)
-        fresh.git.run("update-ref", BRANCH, commit)
-        fresh.git.run("symbolic-ref", "HEAD", BRANCH)
-        fresh.sync_index()
-        return pruned
-    return None
 
 
 def _baseline_cache(tree: str) -> Path:
@@ -174,25 +146,25 @@ def _link_or_copy_tree(src: Path, dest: Path) -> None:
     shutil.copytree(src, dest, copy_function=link, dirs_exist_ok=True)
 
 
-def _from_baseline_cache(chain: Chain) -> Path | None:
+def _from_baseline_cache(ws: Workspace) -> Path | None:
     """A vendored repository rebuilt from cached objects, or None on a miss.
 
     The objects were stored only after their tree id was proven; zlib's checksum on every
     loose object catches corruption on read, and the tree id is checked again here.
     """
-    folder = _baseline_cache(chain.pin.tree)
+    folder = _baseline_cache(ws.pin.tree)
     if not (folder / "complete").exists():
         return None
-    incoming = _incoming(chain.project.vendor_dir)
+    incoming = _incoming(ws.project.vendor_dir)
     try:
         with FileLock(cache_dir() / "baselines.lock", "baseline cache", blocking=True):
             fresh = VendoredTree.initialise(incoming)
             _link_or_copy_tree(folder / "objects", incoming / ".git" / "objects")
-        fresh.git.read_tree(chain.pin.tree)
+        fresh.git.read_tree(ws.pin.tree)
         fresh.git.run("checkout-index", "-a", "-f", "-u")
-        if fresh.snapshot() != chain.pin.tree:
+        if fresh.snapshot() != ws.pin.tree:
             raise VerificationFailed("cached baseline does not reproduce the pinned tree")
-        fresh.commit_baseline(f"llama.cpp {chain.pin.label} from the baseline cache")
+        fresh.commit_baseline(f"llama.cpp {ws.pin.label} from the baseline cache")
         fresh.write_state(source="cache", detail=str(folder), pruned=False)
         return incoming
     except (PolyforgeError, OSError):
@@ -201,20 +173,20 @@ def _from_baseline_cache(chain: Chain) -> Path | None:
         return None
 
 
-def _swap_in(chain: Chain, incoming: Path) -> str | None:
-    target = chain.project.tree_dir
+def _swap_in(ws: Workspace, incoming: Path) -> str | None:
+    target = ws.project.tree_dir
     backup = None
     if target.exists():
         old = VendoredTree(target)
         dirty = True
         if old.exists():
             try:
-                dirty = bool(chain.live_changes()) or bool(old.applied())
+                dirty = bool(ws.live_changes()) or bool(old.applied())
             except PolyforgeError:
                 dirty = True
         if dirty:
-            chain.project.backups_dir.mkdir(parents=True, exist_ok=True)
-            dest = chain.project.backups_dir / f"llama.cpp-{time.strftime('%Y%m%d-%H%M%S')}"
+            ws.project.backups_dir.mkdir(parents=True, exist_ok=True)
+            dest = ws.project.backups_dir / f"llama.cpp-{time.strftime('%Y%m%d-%H%M%S')}"
             target.rename(dest)
             backup = str(dest)
         else:
@@ -223,33 +195,22 @@ def _swap_in(chain: Chain, incoming: Path) -> str | None:
     return backup
 
 
-def status(chain: Chain) -> dict:
-    from polyforge.upstream import rebase  # imported here: rebase imports this module
-    pin, tree = chain.pin, chain.tree
+def status(ws: Workspace, rebase: dict | None = None) -> dict:
+    """The pin and the vendored baseline against it; `rebase` is a rebase in progress as the
+    chain describes it (None: none), which the baseline cannot be judged without."""
+    pin, tree = ws.pin, ws.tree
     info: dict = {"pin": {"release": pin.release, "commit": pin.commit, "tree": pin.tree,
                           "sources": [s.name for s in pin.sources]}, "vendored": tree.exists(),
-                  "rebase": rebase.describe(chain.project)}
+                  "rebase": rebase}
     if not tree.exists():
         info["ok"] = False
         return info
     base = tree.baseline_tree()
     state = tree.state()
-    info.update(baseline_tree=base, baseline_ok=base == chain.expected_base(), pruned=bool(state.get("pruned")),
+    info.update(baseline_tree=base, baseline_ok=base == ws.expected_base(), pruned=bool(state.get("pruned")),
                 source=state.get("source"), detail=state.get("detail"))
     info["ok"] = info["baseline_ok"] and info["rebase"] is None
     return info
-
-
-def _expected_pack_tree(chain: Chain, patches: list, patched: bool) -> str | None:
-    """The pruned tree chain.lock records for the baseline, or for the applied prefix."""
-    if not patched:
-        return chain.pack_base()
-    chain.require_no_drift(patches)
-    applied = chain.applied_prefix(patches)
-    lock = chain.chain_lock()
-    if lock is None or not applied:
-        return chain.pack_base()
-    return lock.patches[len(applied) - 1].pack_tree
 
 
 def _check_output(out: Path) -> None:
@@ -266,38 +227,36 @@ def _check_output(out: Path) -> None:
                    hint="create the folder first; pack does not create folders")
 
 
-def pack(chain: Chain, out: Path, patched: bool = False, prune: bool = True) -> dict:
+def pack(ws: Workspace, out: Path, patched: bool = False, prune: bool = True) -> dict:
     """Write a tar.xz of the baseline (or the live tree with --patched), pruned by default.
     Reads the tree under the project lock held shared, and compresses (minutes for a full
     tree) after releasing it, so that a build or apply meanwhile neither waits nor fails."""
     if out.suffixes[-2:] != [".tar", ".xz"]:
         raise BadInput(f"{out}: the pack must be a .tar.xz file")
     _check_output(out)
-    chain.require_no_rebase()
-    with chain.shared():
-        packed_tree, prune_list, data = _pack_archive(chain, patched, prune)
+    ws.require_no_rebase()
+    with ws.shared():
+        packed_tree, prune_list, data = _pack_archive(ws, patched, prune)
     _write_compressed(out, data)
     return {"path": str(out), "tree": packed_tree, "pruned": list(prune_list), "patched": patched,
             "sha256": sha256_file(out), "bytes": out.stat().st_size}
 
 
-def _pack_archive(chain: Chain, patched: bool, prune: bool) -> tuple[str, tuple[str, ...], bytes]:
+def _pack_archive(ws: Workspace, patched: bool, prune: bool) -> tuple[str, tuple[str, ...], bytes]:
     """The packed tree, the folders left out, and the uncompressed tar of it."""
-    tree = chain.tree
+    tree = ws.tree
     tree.require()
     git = tree.git
     if patched:
-        chain.require_clean("pack --patched")
+        ws.require_clean("pack --patched")
         source_tree = tree.head_tree()
     else:
         source_tree = tree.baseline_tree()
-    prune_list = tuple(chain.pin.pack_prune) if prune else ()
+    prune_list = tuple(ws.pin.pack_prune) if prune else ()
     packed_tree = source_tree
     if prune_list:
-        # keep every file the chain touches, so the chain applies on the unpacked tree
-        patches = chain.patches()
-        packed_tree = prune_tree(git, source_tree, prune_list, chain_paths(patches))
-        expected = _expected_pack_tree(chain, patches, patched)
+        keep, expected = ws.pack_expectation(patched)
+        packed_tree = prune_tree(git, source_tree, prune_list, keep)
         if expected is not None and packed_tree != expected:
             raise VerificationFailed(f"the pruned tree {packed_tree} is not chain.lock's {expected}",
                                      hint="if the chain changed on purpose, run: polyforge lock")

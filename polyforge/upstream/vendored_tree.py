@@ -4,8 +4,8 @@ Its first commit is the pinned baseline and its later commits are the applied pa
 commit each, in chain order.
 
 Its working tree is the "live tree". Its content id is a git tree id computed over every
-file and mode, except the build outputs in EXCLUDED_PATHS, so two ids compare trees byte
-for byte.
+file and mode, except the build outputs tree_identity.py leaves out, so two ids compare trees
+byte for byte.
 """
 
 from __future__ import annotations
@@ -21,15 +21,11 @@ from polyforge.errors import BadInput, EnvironmentProblem
 from polyforge.filelock import open_by_a_process
 from polyforge.git import Git, scratch_index
 from polyforge.textfile import write_text_atomic
+from polyforge.tree_identity import git_exclude_pathspecs
 
 BASELINE_TAG = "polyforge-baseline"
 BRANCH = "refs/heads/main"
 
-# Build outputs that live inside the tree but are never content (documented in the README):
-# top-level build/ and build-*/ whether folders or symlinks to a folder elsewhere, and every
-# __pycache__. A top-level *file* named build-* is content (upstream has build-xcframework.sh).
-EXCLUDED_PATHS = ("build/", "build-*/", "**/__pycache__/")
-_PYCACHE_SPECS = (":(exclude,glob)**/__pycache__", ":(exclude,glob)**/__pycache__/**")
 _SCRATCH_PREFIX = "polyforge-index-"
 
 _PATCH_TRAILER = "Polyforge-Patch: "
@@ -122,7 +118,7 @@ class VendoredTree:
 
     # -- trees -----------------------------------------------------------------------
     def snapshot(self) -> str:
-        """Tree id of the live tree: every file and mode, less EXCLUDED_PATHS.
+        """Tree id of the live tree: every file and mode that counts (tree_identity.py).
 
         Works in a private copy of the live index (its stat cache spares re-hashing) and puts
         the copy back by an atomic rename, so it takes no lock that another run needs: read-only
@@ -136,23 +132,11 @@ class VendoredTree:
                     # copy2 keeps the mtime: git trusts stat info only from entries older than it
                     shutil.copy2(source, scratch.index)
                     break
-            scratch.run("add", "-A", "-f", "--", ".", *self._exclude_specs())
+            scratch.run("add", "-A", "-f", "--", ".", *git_exclude_pathspecs(self.path))
             tree = scratch.write_tree()
             self.state_dir.mkdir(parents=True, exist_ok=True)
             os.replace(scratch.index, live_index)
         return tree
-
-    def _exclude_specs(self) -> list[str]:
-        """Pathspecs leaving out EXCLUDED_PATHS. Top-level build folders are named one by one as
-        literal pathspecs: git refuses a glob such as build/** when build is a symlink ("beyond a
-        symbolic link"), and a literal name covers the symlink itself as well as a real folder."""
-        names = []
-        with os.scandir(self.path) as entries:
-            for entry in entries:
-                is_build = entry.name == "build" or entry.name.startswith("build-")
-                if is_build and (entry.is_symlink() or entry.is_dir()):
-                    names.append(f":(exclude,literal){entry.name}")
-        return [*sorted(names), *_PYCACHE_SPECS]
 
     def sync_index(self) -> None:
         """Make the repository's own index match HEAD (stat info from the live index)."""

@@ -9,7 +9,7 @@ from polyforge.upstream import vendor
 from polyforge.chain.engine import run_chain
 from polyforge.chain.lockfile import LockEntry
 from polyforge.chain import patchfile
-from polyforge.chain.engine import DirtyTree
+from polyforge.upstream.workspace import DirtyTree
 from polyforge.errors import BadInput, VerificationFailed
 from polyforge.chain.lockfile import ChainLock
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import Proj, assert_clean_error, capture, run_cli
-from polyforge.chain import patchfile, queue, transaction
+from polyforge import journal
+from polyforge.chain import patchfile, queue
 from polyforge.chain.lockfile import ChainLock
 from polyforge.errors import BadInput, VerificationFailed
 
@@ -187,7 +188,7 @@ def _kill_each_step(fetched: Proj, argv: tuple[str, ...]) -> int:
     step = 0
     while True:
         step += 1
-        done = run_cli(*argv, cwd=fetched.root, env={transaction.KILL_ENV: str(step)})
+        done = run_cli(*argv, cwd=fetched.root, env={journal.KILL_ENV: str(step)})
         if done.returncode == 0:
             break
         assert done.returncode == -signal.SIGKILL, done.stderr

@@ -277,7 +277,8 @@ def test_patched_pruned_pack_with_a_chain_that_edits_a_pruned_folder(fetched: Pr
 
 
 def test_lock_pack_trees_are_what_applying_on_the_pruned_baseline_reaches(fetched: Proj):
-    from polyforge.chain.engine import prune_tree, run_chain
+    from polyforge.chain.engine import run_chain
+    from polyforge.git import prune_tree
     from polyforge.chain.lockfile import ChainLock
     _docs_chain(fetched)
     chain = fetched.chain()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from polyforge.git import Git, scratch_index
-from polyforge.upstream import review as review_module
-from polyforge.upstream.review import FAR_LINES, KINDS, Finding, review_patch
+from polyforge.chain import review as review_module
+from polyforge.chain.review import FAR_LINES, KINDS, Finding, review_patch
 
 
 @pytest.fixture

@@ -58,8 +58,9 @@ from polyforge.filelock import FileLock, owner_alive, owner_tag
 from polyforge.git import Git, GitFailed, scratch_index
 from polyforge.journal import StepJournal
 from polyforge.project import Project, cache_dir
+from polyforge import tree_identity
 from polyforge.textfile import write_text_atomic
-from polyforge.upstream import review as review_lib
+from polyforge.chain import review as review_lib
 from polyforge.upstream.pin import Pin, render_pin
 from polyforge.upstream.source import Git as GitSource, SourceKind, source_from_argument
 from polyforge.upstream.vendor import baseline_objects, store_baseline_objects
@@ -432,7 +433,7 @@ FINISHING = ("prepare", "install", "own", "checkout", "relock", "end")
 ABORTING = ("abort", "abort-files", "abort-end")
 
 
-class Workspace:
+class RebaseArea:
     """vendor/rebase/: the journal and what a rebase keeps while it is in progress."""
 
     def __init__(self, project: Project):
@@ -505,10 +506,10 @@ def start(chain: Chain, onto: str, *, release: str, commit: str | None = None, f
     begin.mkdir(parents=True)
     StepJournal(begin / "journal.json", OP).begin(state)
     begin.rename(project.rebase_dir)
-    return _forward(Workspace(project), log)
+    return _forward(RebaseArea(project), log)
 
 
-def _forward(ws: Workspace, log: Log) -> Report:
+def _forward(ws: RebaseArea, log: Log) -> Report:
     """Go on from the last step recorded to the next conflict or to the end."""
     journal = ws.journal
     journal.step("save", lambda: _save(ws))
@@ -561,7 +562,7 @@ def _replace_folder(src: Path | None, dest: Path, scratch: Path) -> None:
     _rmtree(replaced)
 
 
-def _save(ws: Workspace) -> None:
+def _save(ws: RebaseArea) -> None:
     """Everything --abort puts back, copied before anything moves."""
     if ws.previous.exists():
         return  # the rename below happened before a kill
@@ -577,7 +578,7 @@ def _save(ws: Workspace) -> None:
     tmp.rename(ws.previous)  # whole or absent: abort restores files only from a complete copy
 
 
-def _build_incoming(ws: Workspace) -> None:
+def _build_incoming(ws: RebaseArea) -> None:
     """The new repository, beside the old one: the new tree as its baseline, no files yet."""
     state = ws.journal.state
     _rmtree(ws.incoming)
@@ -590,7 +591,7 @@ def _build_incoming(ws: Workspace) -> None:
     fresh.git.run("tag", "-f", BASELINE_TAG, base_commit)
 
 
-def _swap(ws: Workspace) -> None:
+def _swap(ws: RebaseArea) -> None:
     """The old repository aside (kept whole for --abort), the new one in its place; each rename
     is done only if it is not done yet."""
     tree_dir = ws.project.tree_dir
@@ -603,11 +604,11 @@ def _swap(ws: Workspace) -> None:
             relative=(ws.old_tree_dir / ".git" / "objects",))
 
 
-def _load_patches(ws: Workspace, names: list[str]) -> list[Patch]:
+def _load_patches(ws: RebaseArea, names: list[str]) -> list[Patch]:
     return [patchfile.read(ws.previous / "patches" / name) for name in names]
 
 
-def _replay(ws: Workspace, tree: VendoredTree, log: Log) -> Report | None:
+def _replay(ws: RebaseArea, tree: VendoredTree, log: Log) -> Report | None:
     """Replay from the first patch without an outcome; a conflict stops (its report returned)."""
     state = ws.journal.state
     git = tree.git
@@ -628,7 +629,7 @@ def _replay(ws: Workspace, tree: VendoredTree, log: Log) -> Report | None:
     return None
 
 
-def _commit_patch(ws: Workspace, tree: VendoredTree, patch: Patch, index: int, head: str, trees: Trees,
+def _commit_patch(ws: RebaseArea, tree: VendoredTree, patch: Patch, index: int, head: str, trees: Trees,
                   outcome: Outcome, step: str) -> tuple[str, str]:
     """Record a patch's outcome: its canonical bytes (written before the record names them), its
     commit, then the branch."""
@@ -648,7 +649,7 @@ def _commit_patch(ws: Workspace, tree: VendoredTree, patch: Patch, index: int, h
     return commit, new_tree
 
 
-def _stop_at_conflict(ws: Workspace, tree: VendoredTree, entry: dict) -> Report:
+def _stop_at_conflict(ws: RebaseArea, tree: VendoredTree, entry: dict) -> Report:
     """Write the conflict's merged tree into the live tree; only a complete checkout is recorded
     as the place the user resolves."""
     _checkout(tree, entry["head"], entry["merged"])
@@ -674,18 +675,12 @@ def _checkout(tree: VendoredTree, head: str, worktree_tree: str) -> None:
 def _remove_extra_files(tree: VendoredTree, wanted: str) -> None:
     """Delete live files that `wanted` does not have (a file an earlier checkout wrote)."""
     listed = set(tree.git.run("ls-tree", "-r", "-z", "--name-only", wanted, strip=False).split("\0"))
-    for root, dirs, files in os.walk(tree.path):
-        rel_root = os.path.relpath(root, tree.path)
-        # never content (vendored_tree.EXCLUDED_PATHS): git metadata, build folders, __pycache__
-        dirs[:] = [d for d in dirs if d != "__pycache__" and not (
-            rel_root == "." and (d == ".git" or d == "build" or d.startswith("build-")))]
-        for name in files:
-            rel = name if rel_root == "." else f"{rel_root}/{name}"
-            if rel not in listed:
-                os.unlink(os.path.join(root, name))
+    for rel in tree_identity.counted_files(tree.path):  # build outputs and .git are never content
+        if rel not in listed:
+            os.unlink(os.path.join(tree.path, rel))
 
 
-def _report(ws: Workspace, stopped: Outcome | None = None, *, done: bool = False) -> Report:
+def _report(ws: RebaseArea, stopped: Outcome | None = None, *, done: bool = False) -> Report:
     state = ws.journal.state
     outcomes = ws.outcomes() + ([stopped] if stopped else [])
     names = {o.name for o in outcomes}
@@ -697,7 +692,7 @@ def resume(chain: Chain, action: str, log: Log = _quiet) -> Report:
     """--continue (take the resolved conflict, or go on after a kill), --skip (drop the
     conflicting patch) or --abort."""
     project = chain.project
-    ws = Workspace(project)
+    ws = RebaseArea(project)
     if not in_progress(project):
         raise BadInput("no rebase is in progress")
     if action == "abort":
@@ -765,7 +760,7 @@ def _has_markers(path: Path) -> bool:
 def abort(chain: Chain, log: Log = _quiet) -> Report:
     """Put back the previous pin, its history, patches/ and the vendored repository, byte for
     byte. Each part is put back only if it moved, so an abort cut short is finished by another."""
-    ws = Workspace(chain.project)
+    ws = RebaseArea(chain.project)
     journal = ws.journal
     if not journal.exists():
         # polyforge makes vendor/rebase/ whole, journal in it: this one is not a rebase's
@@ -784,7 +779,7 @@ def abort(chain: Chain, log: Log = _quiet) -> Report:
                   [Outcome(n, "pending", "aborted") for n in state["patches"]], False)
 
 
-def _restore_tree(ws: Workspace) -> None:
+def _restore_tree(ws: RebaseArea) -> None:
     """The old repository back in place; the new one (wherever the kill left it) gone."""
     tree_dir = ws.project.tree_dir
     discard = ws.dir / "discard"
@@ -797,7 +792,7 @@ def _restore_tree(ws: Workspace) -> None:
     _rmtree(discard)
 
 
-def _restore_files(ws: Workspace) -> None:
+def _restore_files(ws: RebaseArea) -> None:
     previous, project = ws.previous, ws.project
     if not previous.is_dir():
         return  # the copy never completed, and nothing is changed before it is
@@ -810,7 +805,7 @@ def _restore_files(ws: Workspace) -> None:
     _replace_folder(saved if saved.exists() else None, project.patches_dir, ws.dir / "patches-swap")
 
 
-def _remove_workspace(ws: Workspace) -> None:
+def _remove_workspace(ws: RebaseArea) -> None:
     """The end of a rebase or of an abort: vendor/rebase/ renamed away in one step, then deleted."""
     # the rename is the moment the rebase (or its abort) is over; Chain.exclusive deletes a
     # renamed workspace that a kill left
@@ -821,7 +816,7 @@ def _remove_workspace(ws: Workspace) -> None:
 
 
 # -- the finish --------------------------------------------------------------------------------
-def _prepare(ws: Workspace, tree: VendoredTree) -> None:
+def _prepare(ws: RebaseArea, tree: VendoredTree) -> None:
     """Every file the finish writes, made and checked in vendor/rebase/next/ first: patches/
     (replayed patches rewritten, dropped ones removed), pin.yaml and pin-history.yaml."""
     state = ws.journal.state
@@ -868,7 +863,7 @@ def _check_rebased_chain(git: Git, new_base: str, kept: list[tuple[Patch, str]])
                                      hint="nothing was written yet: polyforge rebase --abort puts everything back")
 
 
-def _history_text(ws: Workspace, old_pin: Pin, outcomes: list[Outcome]) -> str:
+def _history_text(ws: RebaseArea, old_pin: Pin, outcomes: list[Outcome]) -> str:
     """vendor/pin-history.yaml with the old pin appended: enough to rebase back onto it."""
     state = ws.journal.state
     # the project's own file, not the saved copy: it is unchanged until install, and a user who
@@ -895,7 +890,7 @@ def _history_text(ws: Workspace, old_pin: Pin, outcomes: list[Outcome]) -> str:
             + yaml.safe_dump({"pins": entries}, sort_keys=False, width=100))
 
 
-def _install(ws: Workspace) -> None:
+def _install(ws: RebaseArea) -> None:
     project = ws.project
     _copy_whole(ws.next_dir / "pin.yaml", project.pin_file)
     _copy_whole(ws.next_dir / "pin-history.yaml", project.pin_history_file)
@@ -909,7 +904,7 @@ def _own_objects(tree: VendoredTree) -> None:
     tree.git.run("fsck", "--connectivity-only", "--no-dangling")  # every object is its own now
 
 
-def _checkout_final(ws: Workspace, tree: VendoredTree) -> None:
+def _checkout_final(ws: RebaseArea, tree: VendoredTree) -> None:
     head, final = ws.head(tree)
     _checkout(tree, head, final)
     tree.sync_index()
@@ -920,7 +915,7 @@ def describe(project: Project) -> dict | None:
     """A rebase in progress, for status: where it stands and what it needs next."""
     if not in_progress(project):
         return None
-    ws = Workspace(project)
+    ws = RebaseArea(project)
     if not ws.journal.exists():
         return {"stage": "no journal", "onto": None, "release": None, "patch": None,
                 "needs": "polyforge rebase --abort if vendor/rebase/ is empty; otherwise inspect it"}

@@ -14,7 +14,7 @@ import yaml
 from conftest import UPSTREAM_FILES, Proj, assert_clean_error, capture, make_upstream, run_cli
 from polyforge.chain import verify as verify_lib
 from polyforge.errors import BadInput
-from polyforge.upstream import rebase as rebase_lib
+from polyforge.chain import rebase as rebase_lib
 
 LLAMA_CPP = UPSTREAM_FILES["src/llama.cpp"]
 
