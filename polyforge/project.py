@@ -41,6 +41,7 @@ class Project:
     rebase_dir = _Below("vendor/rebase", "A rebase in progress: its journal and the previous pin, patches and tree.")
     rebase_begin_dir = _Below("vendor/.rebase-begin", "vendor/rebase/ being made, renamed into place whole.")
     rebase_done_dir = _Below("vendor/.rebase-done", "vendor/rebase/ renamed at the end of a rebase, then deleted.")
+    transaction_dir = _Below("vendor/transaction", "fold/move/rename's journal and the bytes it would restore.")
     lock_path = _Below("vendor/.lock", "Serialises every command that reads or changes the vendored tree.")
     patches_dir = _Below("patches")
     chain_lock_file = _Below("patches/chain.lock")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from polyforge.chain import rebase as rebase_lib
+from polyforge.chain import rebase as rebase_lib, transaction
 from polyforge.upstream import vendor as vendor_lib
 from polyforge.chain.engine import Chain
 from polyforge.errors import BadInput
@@ -78,7 +78,8 @@ def read(chain: Chain) -> ChainStatus:
                 tree.check_journal(journal)  # what the next command's recovery would refuse
             except BadInput as exc:
                 journal_problem = exc.message
-        status = ChainStatus(vendor, [p.name for p in patches], drift, journal.op if journal else None, journal_problem,
+        interrupted = journal.op if journal else transaction.pending(chain.project)
+        status = ChainStatus(vendor, [p.name for p in patches], drift, interrupted, journal_problem,
                              rebasing=chain.project.rebase_dir.exists(), rebase=vendor["rebase"])
         if tree.exists():
             applied = tree.applied()

@@ -39,7 +39,7 @@ class Transaction:
 
     @property
     def folder(self) -> Path:
-        return self.project.vendor_dir / "transaction"
+        return self.project.transaction_dir
 
     def commit(self) -> None:
         """Journal, write everything, then drop the journal."""
@@ -85,9 +85,19 @@ class Transaction:
         os.replace(tmp, self.folder / "journal.json")
 
 
+def pending(project: Project) -> str | None:
+    """What an interrupted transaction was (the next command rolls it back), or None."""
+    try:
+        return str(json.loads((project.transaction_dir / "journal.json").read_text()).get("what", "command"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError):
+        return "command (its journal is unreadable)"
+
+
 def recover(project: Project) -> str | None:
     """Roll back an interrupted transaction; returns what it was, or None when there was none."""
-    folder = project.vendor_dir / "transaction"
+    folder = project.transaction_dir
     journal_path = folder / "journal.json"
     if not journal_path.exists():
         if folder.exists():  # killed before its journal was complete, or after it was dropped

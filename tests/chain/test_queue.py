@@ -192,6 +192,9 @@ def _kill_each_step(fetched: Proj, argv: tuple[str, ...]) -> int:
         if done.returncode == 0:
             break
         assert done.returncode == -signal.SIGKILL, done.stderr
+        if (fetched.root / "vendor" / "transaction" / "journal.json").exists():
+            said = run_cli("status", cwd=fetched.root)
+            assert "interrupted" in said.stderr and "recovered by the next command" in said.stderr, said.stderr
         recovered = run_cli("apply", cwd=fetched.root)
         assert recovered.returncode == 0, recovered.stderr
         state = _state(fetched)

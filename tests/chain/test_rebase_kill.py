@@ -35,7 +35,7 @@ from polyforge.chain.engine import Chain
 from polyforge.errors import PolyforgeError
 from polyforge.journal import KILL_ENV
 from polyforge.project import Project
-from polyforge.upstream import rebase as rebase_lib
+from polyforge.chain import rebase as rebase_lib
 from polyforge.upstream.pin import Pin
 
 LLAMA_CPP = UPSTREAM_FILES["src/llama.cpp"]
