@@ -169,6 +169,10 @@ def rename(chain: Chain, old: str, new_name: str) -> Rewritten:
     return _commit(chain, patches, new, applied, {name: f"renamed from {patches[i].name}"}, f"rename {patches[i].name}")
 
 
+def _bytes_of(patches: list[Patch], name: str) -> bytes | None:
+    return next((p.data for p in patches if p.name == name), None)
+
+
 def _commit(chain: Chain, old: list[Patch], new: list[Patch], applied: int, statuses: dict[str, str],
             what: str) -> Rewritten:
     """Prove the new chain (it applies exactly and ends on the old final tree), then write it,
@@ -178,9 +182,10 @@ def _commit(chain: Chain, old: list[Patch], new: list[Patch], applied: int, stat
     if failed is not None:
         raise VerificationFailed(f"{what}: {failed.name} does not apply exactly in the new chain: {failed.error}; "
                                  "nothing was written")
-    old_final = chain.chain_lock().patches[-1].tree if old and chain.chain_lock() and not chain.pruned else None
-    if old_final is not None and steps[-1].tree != old_final:  # pragma: no cover - each verb proves its own part
-        raise VerificationFailed(f"{what}: the new chain ends on {steps[-1].tree[:12]}, not {old_final[:12]}")
+    before = chain.chain_lock()  # free of drift: every verb checked it first
+    final = before.patches[-1].tree if before and before.patches and not chain.pruned else None
+    if final is not None and steps[-1].tree != final:  # pragma: no cover - each verb proves its own part
+        raise VerificationFailed(f"{what}: the new chain ends on {steps[-1].tree[:12]}, not {final[:12]}")
     lock = chain.lock_for(new)
     tree = chain.tree
     commit = tree.baseline_commit()
@@ -189,11 +194,12 @@ def _commit(chain: Chain, old: list[Patch], new: list[Patch], applied: int, stat
     if applied and tree.git.tree_of(commit) != tree.head_tree():  # pragma: no cover - guarded by the verbs
         raise VerificationFailed(f"{what}: the re-recorded commits do not end on the live tree's")
     patches_rel = chain.project.patches_dir.relative_to(chain.project.root).as_posix()
+    # old files the new chain lacks are deleted; new or changed ones written; the same bytes left alone
     writes: dict[str, bytes | None] = {f"{patches_rel}/{p.name}": None for p in old}
-    writes.update({f"{patches_rel}/{p.name}": p.data for p in new})
-    writes = {rel: data for rel, data in writes.items()
-              if data is None or (chain.project.root / rel).is_file() is False
-              or (chain.project.root / rel).read_bytes() != data}
+    unchanged = {p.name for p in old} & {p.name for p in new if p.data == _bytes_of(old, p.name)}
+    writes.update({f"{patches_rel}/{p.name}": p.data for p in new if p.name not in unchanged})
+    for name in unchanged:
+        del writes[f"{patches_rel}/{name}"]
     writes[chain.project.chain_lock_file.relative_to(chain.project.root).as_posix()] = lock.render().encode()
     branch = (tree.git, BRANCH, commit) if commit != tree.head() else None
     transaction.Transaction(chain.project, what, writes, branch).commit()
