@@ -85,12 +85,12 @@ def test_mma_tile_loops_are_the_innermost_loops_with_mma():
     lines = ["MOV R1, c[0x0][0x28]",          # 0x00
              "LDG.E R2, desc[UR4][R4.64]",    # 0x10: outer loop start
              "STS.128 [R5], R8",              # 0x20: first variant of the tile iteration
-             "HMMA.16816.F32 R8, R12, R16, R8",  # 0x30
+             "HMMA.16816.F32 R8, R4, R20, R8",  # 0x30
              "@P0 BRA 0x20",                  # 0x40: its loop (3 instructions)
              "LDGSTS.E.BYPASS.128 [R6], desc[UR4][R4.64]",  # 0x50: second variant
              "LDG.E R3, desc[UR4][R4.64]",    # 0x60
-             "HMMA.16816.F32 R8, R12, R16, R8",  # 0x70
-             "HMMA.16816.F32 R8, R12, R16, R8",  # 0x80
+             "HMMA.16816.F32 R8, R4, R20, R8",  # 0x70
+             "HMMA.16816.F32 R8, R4, R20, R8",  # 0x80
              "@P1 BRA 0x50",                  # 0x90: its loop (5 instructions)
              "IADD3 R1, R1, 0x1, RZ",         # 0xa0: a loop without MMA
              "@P2 BRA 0xa0",                  # 0xb0
@@ -103,5 +103,5 @@ def test_mma_tile_loops_are_the_innermost_loops_with_mma():
 
 
 def test_mma_without_loops():
-    instrs = stats.split_sass(_sass(["HMMA.16816.F32 R8, R12, R16, R8", "EXIT"]).replace(NAME, MMA_NAME))[MMA_NAME]
+    instrs = stats.split_sass(_sass(["HMMA.16816.F32 R8, R4, R20, R8", "EXIT"]).replace(NAME, MMA_NAME))[MMA_NAME]
     assert stats.mma_tile_loops(instrs) == stats.TileLoops()
