@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from polyforge.bench import agents as agents_lib
+from polyforge.bench import bandwidth as bandwidth_lib
 from polyforge.bench import matrix as bench_lib
 from polyforge.build import builder as build_lib
 from polyforge.models import registry as models_lib
@@ -115,7 +116,11 @@ def _measure(chain: Chain, tool: str, run: Callable, spec, *, model: str, option
     fetched = models_lib.fetch(model, find_links=find_links, vendored_tree=chain.tree.path)
     log(f"model {model}: {'cached' if fetched.cached else 'fetched'} {fetched.path}")
     out_dir = out_dir or manifest.build_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
-    result = run(exe, fetched.path, spec, out_dir, log=log)
+    bandwidth = None
+    if spec.bandwidth == "auto":
+        bandwidth = bandwidth_lib.measure(cuda=manifest.cuda, work_dir=manifest.build_dir / "probes")
+        log(f"memory bandwidth: {bandwidth.describe()}")
+    result = run(exe, fetched.path, spec, out_dir, bandwidth=bandwidth, log=log)
     result.build = manifest.key
     return result
 

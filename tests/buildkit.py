@@ -199,3 +199,26 @@ for pp in ints("-npp"):
 print("\\n".join(out[:-1]))  # the last line (and the blank one after it) lost at exit
 print("llama_perf_context_print:        load time =      12.34 ms", file=sys.stderr)
 """
+
+
+def write_gguf_header(path, kv: dict) -> None:
+    """A GGUF header with the given metadata (ints as u32, lists as arrays of u32, strings) and no tensors."""
+    import struct
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv)))
+    s = lambda t: struct.pack("<Q", len(t.encode())) + t.encode()  # noqa: E731
+    for key, value in kv.items():
+        out += s(key)
+        if isinstance(value, str):
+            out += struct.pack("<I", 8) + s(value)
+        elif isinstance(value, list) and value and isinstance(value[0], str):
+            out += struct.pack("<IIQ", 9, 8, len(value)) + b"".join(s(v) for v in value)
+        elif isinstance(value, list):
+            out += struct.pack("<IIQ", 9, 4, len(value)) + b"".join(struct.pack("<I", v) for v in value)
+        else:
+            out += struct.pack("<II", 4, value)
+    path.write_bytes(bytes(out))
+
+
+LLAMA_META = {"general.architecture": "llama", "llama.block_count": 16, "llama.embedding_length": 2048,
+              "llama.attention.head_count": 16, "llama.attention.head_count_kv": 8,
+              "tokenizer.ggml.tokens": ["tok"] * 2000}  # longer than MAX_ARRAY: skipped, kept as its length
