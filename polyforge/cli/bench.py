@@ -7,11 +7,6 @@ from typing import List, Optional
 
 import typer
 
-from polyforge.bench import agents as agents_lib
-from polyforge.bench import matrix as bench_lib
-from polyforge.build import builder as build_lib
-from .. import pipeline
-from polyforge.chain.engine import Chain
 from ..console import err
 from ..errors import BadInput
 from ..project import find_project
@@ -24,8 +19,9 @@ def bench(
     model: str = typer.Option("gemma3-270m", "--model", "-m", help="A model name (polyforge models list) or random:SHAPE."),
     kv: List[str] = typer.Option(["f16/f16,q8_0/q8_0,q4_0/q4_0"], "--kv", help="K/V pairs, comma-separated or repeated."),
     reference: Optional[str] = typer.Option(None, "--ref", help="Reference K/V pair for ratios (default: the first)."),
-    baseline: str = typer.Option(bench_lib.BASELINE, "--baseline", help="A second pair every row is also compared "
-                                 "with, measured in the same run: what a user would pick instead."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="A second pair every row is also compared "
+                                           "with, measured in the same run (default q8_0/q8_0): what a user would "
+                                           "pick instead."),
     depth: Optional[str] = typer.Option(None, "--depth", "-d", help="Depths, comma-separated (default 0,512)."),
     flags: Optional[List[str]] = typer.Option(None, "--flags", help="A flag set for llama-bench (or with --agents "
                                               "llama-batched-bench), e.g. '-fa 1' (repeatable)."),
@@ -52,6 +48,11 @@ def bench(
 ) -> None:
     """A llama-bench matrix: KV types x depths x flags; JSON, markdown, ratios, PNG (and rooflines).
     With --agents: B agents sharing a P-token prefix (llama-batched-bench), decode t/s per KV pair."""
+    from polyforge import pipeline
+    from polyforge.bench import agents as agents_lib
+    from polyforge.bench import matrix as bench_lib
+    from polyforge.build import builder as build_lib
+    from polyforge.chain.engine import Chain
     if agents is not None:
         matrix_only = {"--depth": depth, "-p": prompts, "-r": repetitions}
         for option, value in matrix_only.items():
@@ -59,14 +60,15 @@ def bench(
                 raise BadInput(f"{option} is an option of the llama-bench matrix, not of --agents")
         prefixes = bench_lib.int_list("32768" if prefix is None else prefix, "--prefix")
         spec = agents_lib.AgentsSpec.make(kv, reference, bench_lib.int_list(agents, "--agents"), prefixes, n_gen,
-                                          separate, flags, rounds, bandwidth, baseline)
+                                          separate, flags, rounds, bandwidth, baseline or bench_lib.BASELINE)
         run, render = pipeline.run_agents, agents_lib.markdown
     else:
         if prefix is not None or separate or rounds != 1:
             raise BadInput("--prefix, --separate and --rounds go with --agents")
         depths = bench_lib.int_list("0,512" if depth is None else depth, "--depth")
         spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, bench_lib.int_list(prompts or "0", "-p"), n_gen,
-                                        3 if repetitions is None else repetitions, bandwidth, baseline)
+                                        3 if repetitions is None else repetitions, bandwidth,
+                                        baseline or bench_lib.BASELINE)
         run, render = pipeline.run_bench, bench_lib.markdown
     chain = Chain(find_project())
     result = run(chain, spec, model=model, build_key=build_key,

@@ -7,8 +7,6 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from polyforge.build import builder as build_lib
-from polyforge.chain.engine import Chain
 from ..console import err
 from ..project import find_project
 from . import app
@@ -28,6 +26,8 @@ def build(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Build the vendored tree (with the applied chain) out of tree, keyed by its inputs."""
+    from polyforge.build import builder as build_lib
+    from polyforge.chain.engine import Chain
     project = find_project()
     if list_:
         rows = build_lib.list_builds(project.build_root)
