@@ -15,6 +15,12 @@ compilations and where they came from (ccache's stats log), and whether the bina
 libraries are the same bytes as the cold+remote build's (sha256 from the manifests).
 
   scripts/remote_cache_bench.py [--jobs N] [--target T ...] [--cuda --arch 90] [--json] [--keep DIR]
+                                [--repo DIR]
+
+--repo clones another checkout (default: this one). The builds run the polyforge this Python
+imports: to edit polyforge while it runs, run a copy of the code, e.g.
+  git archive HEAD polyforge scripts | tar -x -C /tmp/frozen
+  PYTHONPATH=/tmp/frozen python /tmp/frozen/scripts/remote_cache_bench.py --repo .
 
 Needs redis-server on PATH (Debian: apt-get install redis-server). Exit 0 with the table, 2 on bad
 input, 1 when a build fails.
@@ -26,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -67,20 +74,21 @@ def polyforge(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Com
                           capture_output=True)
 
 
-def clone(dest: Path, env: dict[str, str]) -> None:
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
+def clone(repo: Path, dest: Path, env: dict[str, str]) -> None:
+    subprocess.run(["git", "clone", "-q", str(repo), str(dest)], check=True)
     for step in (["vendor", "fetch"], ["apply"]):
         done = polyforge(step, dest, env)
         if done.returncode != 0:
             sys.exit(f"error: polyforge {' '.join(step)} in {dest} failed: {done.stderr.strip()[-400:]}")
 
 
-def run_build(name: str, dest: Path, build_args: list[str], remote: str | None, base_env: dict[str, str]) -> dict:
+def run_build(name: str, repo: Path, dest: Path, build_args: list[str], remote: str | None,
+              base_env: dict[str, str]) -> dict:
     env = {**base_env, "CCACHE_DIR": str(dest.parent / f"ccache-{dest.name}")}
     env.pop("POLYFORGE_REMOTE_CACHE", None)
     if remote is not None:
         env["POLYFORGE_REMOTE_CACHE"] = remote
-    clone(dest, env)
+    clone(repo, dest, env)
     started = time.monotonic()
     done = polyforge(["build", "--json", *build_args], dest, env)
     wall = time.monotonic() - started
@@ -101,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", type=Path, help="work in this (new) folder and keep it")
+    parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout to clone (default: this one)")
     args = parser.parse_args(argv)
     if args.keep is not None and args.keep.exists():
         parser.error(f"--keep {args.keep}: already exists")
@@ -112,13 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="polyforge-remote-cache-"))
     work.mkdir(parents=True, exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("CCACHE_")}
+    repo = args.repo.resolve()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("error: terminated"))  # the finally below stops redis
     redis, port = start_redis(work)
     try:
         closed = free_port()  # nothing listens there
-        rows = [run_build("cold", work / "cold", build_args, None, base_env),
-                run_build("cold+remote", work / "first", build_args, f"redis://127.0.0.1:{port}", base_env),
-                run_build("second clone", work / "second", build_args, f"redis://127.0.0.1:{port}", base_env),
-                run_build("remote down", work / "down", build_args, f"redis://127.0.0.1:{closed}", base_env)]
+        remote, down = f"redis://127.0.0.1:{port}", f"redis://127.0.0.1:{closed}"
+        rows = [run_build("cold", repo, work / "cold", build_args, None, base_env),
+                run_build("cold+remote", repo, work / "first", build_args, remote, base_env),
+                run_build("second clone", repo, work / "second", build_args, remote, base_env),
+                run_build("remote down", repo, work / "down", build_args, down, base_env)]
     finally:
         redis.terminate()
         redis.wait(timeout=30)
