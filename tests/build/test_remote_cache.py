@@ -5,51 +5,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from buildkit import TINY_TARGETS, tiny_project
+from buildkit import TINY_TARGETS, closed_url, redis_url, tiny_project  # noqa: F401 - fixtures
 from conftest import ROOT, assert_clean_error, run_cli
 from polyforge.build import builder as build_lib
-from polyforge.build import doctor
 from polyforge.build import remote_cache
 from polyforge.errors import BadInput
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def redis_url(tmp_path_factory):
-    """A running, empty redis-server; stopped after the test. .ci/run installs redis-server."""
-    server = shutil.which("redis-server")
-    assert server is not None, "redis-server is not installed (apt-get install redis-server)"
-    workdir = tmp_path_factory.mktemp("redis")
-    port = _free_port()
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while remote_cache.probe(remote_cache.parse(url, "test", credentials_allowed=True)) is not None:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-@pytest.fixture
-def closed_url() -> str:
-    return f"redis://127.0.0.1:{_free_port()}"  # nothing listens there
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -167,20 +132,6 @@ def test_a_bad_remote_setting_is_one_error_line(tmp_path, monkeypatch):
     proj = tiny_project(tmp_path, monkeypatch)
     monkeypatch.setenv(remote_cache.ENV_VAR, "ftp://cache")
     assert_clean_error(run_cli("build", "--print-plan", cwd=proj.root), 2, "scheme must be one of")
-
-
-def test_doctor_reports_the_remote(monkeypatch, redis_url, closed_url, tmp_path):
-    monkeypatch.delenv(remote_cache.ENV_VAR, raising=False)
-    assert doctor.remote_cache_check(None).ok and "none configured" in doctor.remote_cache_check(None).detail
-    monkeypatch.setenv(remote_cache.ENV_VAR, redis_url)
-    check = doctor.remote_cache_check(tmp_path / "build.yaml")
-    assert check.ok and "answers" in check.detail and not check.required
-    monkeypatch.setenv(remote_cache.ENV_VAR, closed_url)
-    check = doctor.remote_cache_check(tmp_path / "build.yaml")
-    assert not check.ok and "cannot reach" in check.detail and check.fix
-    done = run_cli("doctor", "--json", cwd=tmp_path, env={remote_cache.ENV_VAR: closed_url})
-    row = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "remote cache"]
-    assert row and row[0]["ok"] is False and row[0]["required"] is False
 
 
 def _real_project(base: Path) -> Path:
