@@ -208,7 +208,7 @@ print("llama_perf_context_print:        load time =      12.34 ms", file=sys.std
 
 
 # -- a real redis-server for the remote compiler cache ----------------------------------------
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -220,7 +220,7 @@ def redis_url(tmp_path_factory):
     server = shutil.which("redis-server")
     assert server is not None, "redis-server is not installed (apt-get install redis-server)"
     workdir = tmp_path_factory.mktemp("redis")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}"
@@ -237,4 +237,4 @@ def redis_url(tmp_path_factory):
 
 @pytest.fixture
 def closed_url() -> str:
-    return f"redis://127.0.0.1:{_free_port()}"  # nothing listens there
+    return f"redis://127.0.0.1:{free_port()}"  # nothing listens there

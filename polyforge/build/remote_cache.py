@@ -118,25 +118,41 @@ def configured(config_path: Path | None) -> RemoteCache | None:
     return parse(url.strip(), where, credentials_allowed=False)
 
 
+def _redis_command(*args: str) -> bytes:
+    """One command in redis's wire format (RESP): a password may hold any byte but CR/LF."""
+    parts = [a.encode() for a in args]
+    return f"*{len(parts)}\r\n".encode() + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in parts)
+
+
 def probe(remote: RemoteCache, timeout: float = PROBE_SECONDS) -> str | None:
-    """None when the remote answers like the server its scheme names; else why not, in words.
-    redis: PING gets +PONG (or an error such as NOAUTH: a redis, which ccache authenticates to);
-    http: any HTTP status line."""
+    """None when the remote answers like the server its scheme names and would serve ccache;
+    else why not, in words. redis: AUTH with the URL's credentials gets +OK, or without any,
+    PING gets +PONG (a redis that wants a password ccache lacks would fail every compilation's
+    lookup); http: any HTTP status line."""
     host, port = remote.address
-    request = (b"PING\r\n" if remote.parts.scheme == "redis"
-               else f"HEAD / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+    p = remote.parts
+    if p.scheme == "redis":
+        credentials = [c for c in (urllib.parse.unquote(p.username or ""), urllib.parse.unquote(p.password or "")) if c]
+        request = _redis_command("AUTH", *credentials) if p.password is not None else _redis_command("PING")
+    else:
+        request = f"HEAD / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode()
     try:
         with socket.create_connection((host, port), timeout=timeout) as conn:
             conn.settimeout(timeout)
             conn.sendall(request)
-            answer = conn.recv(64)
+            answer = conn.recv(256)
     except socket.timeout:
         return f"no answer from {host}:{port} within {timeout:g} s"
     except OSError as exc:
         return f"cannot reach {host}:{port} ({exc.strerror or exc})"
-    if remote.parts.scheme == "redis":
-        if answer.startswith((b"+PONG", b"-")):
+    if p.scheme == "redis":
+        if answer.startswith((b"+PONG", b"+OK")):
             return None
+        if answer.startswith(b"-NOAUTH"):
+            return f"{host}:{port} wants a password (put it in ${ENV_VAR}: redis://:PASSWORD@{host}:{port})"
+        if answer.startswith(b"-"):
+            first = answer.decode(errors="replace").splitlines()[0][1:]
+            return f"{host}:{port} refused: {first}"
         return f"{host}:{port} does not answer like a redis server"
     if answer.startswith(b"HTTP/"):
         return None

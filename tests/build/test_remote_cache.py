@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from buildkit import TINY_TARGETS, closed_url, redis_url, tiny_project  # noqa: F401 - fixtures
+from buildkit import TINY_TARGETS, free_port, closed_url, redis_url, tiny_project  # noqa: F401 - fixtures
 from conftest import ROOT, assert_clean_error, run_cli
 from polyforge.build import builder as build_lib
 from polyforge.build import remote_cache
@@ -72,6 +73,27 @@ def test_probe_tells_a_redis_from_a_closed_port_and_from_another_server(redis_ur
     assert "does not answer like an HTTP server" in remote_cache.probe(remote_cache.parse(http, "t", credentials_allowed=True))
 
 
+def test_probe_tells_whether_the_credentials_serve(tmp_path):
+    """A redis that wants a password: none, or a wrong one, is a reason; the right one answers."""
+    port = free_port()
+    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path), "--requirepass", "s3 cr#t"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def why(url):
+            return remote_cache.probe(remote_cache.parse(url, "t", credentials_allowed=True))
+        deadline = time.monotonic() + 20
+        while why(f"redis://127.0.0.1:{port}") is not None and "wants a password" not in why(f"redis://127.0.0.1:{port}"):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.1)
+        assert "wants a password" in why(f"redis://127.0.0.1:{port}")
+        assert "refused" in why(f"redis://:wrong@127.0.0.1:{port}")
+        assert why(f"redis://:s3%20cr%23t@127.0.0.1:{port}") is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_stats_log_counts_each_compilation(tmp_path):
     log = tmp_path / "stats.log"
     log.write_text("# a.c\ndirect_cache_hit\nremote_storage_hit\nremote_storage_read_hit\n"
@@ -122,10 +144,14 @@ def test_the_build_output_and_plan_say_what_the_remote_gave(tmp_path, monkeypatc
     proj = tiny_project(tmp_path, monkeypatch)
     plan = json.loads(run_cli("build", "--print-plan", "--json", cwd=proj.root).stdout)
     assert plan["remote_cache"]["url"] == redis_url.replace("redis://", "redis://:***@")
-    done = run_cli("build", "--target", "ggml", cwd=proj.root)
+    done = run_cli("build", "--target", "ggml", cwd=proj.root)  # this redis wants no password: refused
     assert done.returncode == 0, done.stderr
+    assert "warning: remote cache redis://:***@" in done.stderr and "refused" in done.stderr and "pw@" not in done.stderr
+    assert "compiler cache: no remote cache; 0 of 1 compilations from the local cache, 1 compiled" in done.stderr
+    monkeypatch.setenv(remote_cache.ENV_VAR, redis_url)
+    done = run_cli("build", "--target", "llama", cwd=proj.root)
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
     assert "compiler cache: 0 of 1 compilations from the remote cache, 0 from the local cache, 1 compiled" in done.stderr
-    assert "pw@" not in done.stderr
 
 
 def test_a_bad_remote_setting_is_one_error_line(tmp_path, monkeypatch):
