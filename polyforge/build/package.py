@@ -130,9 +130,11 @@ def _pin_and_sources(chain: Chain) -> tuple[dict, list[dict]]:
         digest = {"gitTree": pin.tree}
         if s.get("sha256"):
             digest["sha256"] = s["sha256"]
-        uri = (f"pypi-sdist:{s.get('package')}=={s.get('version')}" if s.get("kind") == "pypi-sdist"
-               else f"{s.get('kind')}:{s.get('location') or s.get('name')}")
-        deps.append({"name": f"{pin.project} {pin.release} ({s.get('name')})", "uri": uri, "digest": digest})
+        # a package URL (purl) for a PyPI sdist, else where the pin says the source is
+        uri = (f"pkg:pypi/{s.get('package')}@{s.get('version')}" if s.get("kind") == "pypi-sdist"
+               else str(s.get("location") or s.get("name")))
+        deps.append({"name": f"{pin.project} {pin.release} ({s.get('name')})", "uri": uri, "digest": digest,
+                     "annotations": {"kind": s.get("kind"), "filename": s.get("filename"), "subdir": s.get("subdir")}})
     return described, deps
 
 
