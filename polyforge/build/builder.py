@@ -55,8 +55,12 @@ X86_ISA_OFF = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
 
 # The binaries find their libraries through RUNPATH $ORIGIN (they share bin/), not the build
 # directory's absolute path: bin/ is relocatable (polyforge package ships it), and two clones at
-# different paths link the same bytes.
-RPATH_ARGS = ("-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",)
+# different paths link the same bytes. The build tree takes the install RUNPATH: CMake's own build
+# RUNPATH ends in an empty entry (padding), which the loader reads as the current directory.
+# Libraries outside the compiler's own folders (the CUDA toolkit's) keep their absolute folder.
+RUNPATH = "$ORIGIN"
+RPATH_ARGS = ("-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", f"-DCMAKE_INSTALL_RPATH={RUNPATH}",
+              "-DCMAKE_INSTALL_RPATH_USE_LINK_PATH=ON")
 
 
 class BuildFailed(VerificationFailed):
@@ -226,7 +230,7 @@ def _plan(chain: Chain, options: BuildOptions) -> Plan:
     notes: list[str] = []
     cache_args = [f"-DCMAKE_BUILD_TYPE={options.build_type}", "-DBUILD_SHARED_LIBS=ON", *OFFLINE_ARGS, *RPATH_ARGS,
                   f"-DCMAKE_C_COMPILER={tools['cc']}", f"-DCMAKE_CXX_COMPILER={tools['cxx']}"]
-    option_inputs: dict = {"cuda": options.cuda, "build_type": options.build_type, "rpath": "$ORIGIN"}
+    option_inputs: dict = {"cuda": options.cuda, "build_type": options.build_type, "runpath": RUNPATH}
     if options.cuda:
         archs = list(options.archs)
         if not archs:

@@ -38,7 +38,7 @@ from pathlib import Path, PurePosixPath
 
 import polyforge
 from polyforge import schema
-from polyforge.build.builder import Manifest, chain_digest
+from polyforge.build.builder import RUNPATH, Manifest, chain_digest
 from polyforge.chain.engine import Chain
 from polyforge.errors import BadInput, VerificationFailed
 from polyforge.gates.record import RECORD
@@ -200,7 +200,7 @@ def _tarinfo(name: str, size: int = 0, *, mode: int = 0o644, kind: bytes = tarfi
 
 def make(chain: Chain, manifest: Manifest, out_dir: Path) -> Packaged:
     """Write out_dir/polyforge-<key>.tar.xz for a finished build."""
-    if (manifest.inputs.get("options") or {}).get("rpath") != "$ORIGIN":
+    if (manifest.inputs.get("options") or {}).get("runpath") != RUNPATH:
         raise BadInput(f"build {manifest.key} was made before builds set RUNPATH $ORIGIN: its binaries look "
                        f"for their libraries in {manifest.build_dir}/bin", hint="polyforge build (a new key), then package")
     files, subjects, links = _bin_entries(manifest)

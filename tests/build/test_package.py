@@ -78,7 +78,7 @@ def test_the_archive_holds_the_build_and_its_provenance(packaged):
     assert chain["lock_final_tree"] == lock["patches"][-1]["tree"] and chain["live_edits"] is False
     pin = build["externalParameters"]["pin"]
     assert pin["tree"] == proj.upstream.tree and pin["release"]
-    assert build["externalParameters"]["key"] == manifest.key and build["externalParameters"]["options"]["rpath"] == "$ORIGIN"
+    assert build["externalParameters"]["key"] == manifest.key and build["externalParameters"]["options"]["runpath"] == "$ORIGIN"
     assert build["internalParameters"]["toolchain"]["cxx"]
     assert {"name": "patches/0001-answer.patch", "digest": {"sha256": chain["patches"][0]["sha256"]}} in build["resolvedDependencies"]
     verdict = statement["predicate"]["runDetails"]["byproducts"][0]
@@ -226,7 +226,8 @@ def test_real_build_packages_and_generates_from_anywhere(real_build, tmp_path):
     folder = _unpack(archive, tmp_path / "fleet")
     bin_dir = folder / "bin"
     for name, runpath in _runpaths(bin_dir).items():
-        assert str(ROOT) not in runpath and "$ORIGIN" in runpath, (name, runpath)
+        entries = runpath.split(":")
+        assert str(ROOT) not in runpath and "$ORIGIN" in entries and "" not in entries, (name, runpath)
     ldd = subprocess.run(["ldd", str(bin_dir / "llama-cli")], capture_output=True, text=True).stdout
     ours = [ln for ln in ldd.splitlines() if "libllama" in ln or "libggml" in ln]
     assert ours and all(str(bin_dir) in ln for ln in ours), ldd
