@@ -10,7 +10,8 @@ vendor fetch` and `apply`) with its own empty local ccache directory, one after 
   second clone  another clone at another path, empty local cache, the same remote, now full
   remote down   the remote URL names a closed port: the warning, then a local build
 
-Each row: wall seconds (polyforge's own, configure included), the ratio to the cold build, the
+Each row: wall seconds (polyforge's own, configure included) and CPU seconds (the build and all it
+ran: on a machine shared with other work, the steadier measure), each as a ratio to the cold build, the
 compilations and where they came from (ccache's stats log), and whether the binaries and
 libraries are the same bytes as the cold+remote build's (sha256 from the manifests).
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -89,14 +91,18 @@ def run_build(name: str, repo: Path, dest: Path, build_args: list[str], remote: 
     if remote is not None:
         env["POLYFORGE_REMOTE_CACHE"] = remote
     clone(repo, dest, env)
-    started = time.monotonic()
+    started, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = polyforge(["build", "--json", *build_args], dest, env)
-    wall = time.monotonic() - started
+    wall, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the build and everything it ran (compilers, linker): what a busy machine's
+    # other work changes far less than the wall time
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         sys.exit(f"error: the {name} build failed: {done.stderr.strip()[-800:]}")
     result = json.loads(done.stdout)
     warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("warning:")]
-    return {"name": name, "seconds": result["seconds"], "wall_seconds": round(wall, 1), "key": result["key"],
+    return {"name": name, "seconds": result["seconds"], "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
+            "key": result["key"],
             "compiler_cache": result["compiler_cache"], "warnings": warnings,
             "artifacts": {a["name"]: a["sha256"] for a in result["artifacts"]}}
 
@@ -136,21 +142,24 @@ def main(argv: list[str] | None = None) -> int:
         redis.wait(timeout=30)
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    cold = rows[0]["seconds"]
+    cold, cold_cpu = rows[0]["seconds"], rows[0]["cpu_seconds"]
     reference = rows[1]["artifacts"]
     for row in rows:
         row["ratio_to_cold"] = round(row["seconds"] / cold, 3)
+        row["cpu_ratio_to_cold"] = round(row["cpu_seconds"] / cold_cpu, 3) if cold_cpu else None
         row["same_binaries"] = row["artifacts"] == reference
         row["artifact_count"] = len(row["artifacts"])
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"build key {rows[0]['key']}, -j{args.jobs}, {len(reference)} binaries and libraries")
-    print("| build | seconds | ratio to cold | compilations | from remote | from local | compiled | same sha256 as cold+remote | warnings |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| build | seconds | ratio to cold | CPU seconds | CPU ratio to cold | compilations | from remote | from local "
+          "| compiled | same sha256 as cold+remote | warnings |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         c = row["compiler_cache"] or {}
-        print(f"| {row['name']} | {row['seconds']:.1f} | {row['ratio_to_cold']:.3f} | {c.get('compilations')} | "
+        print(f"| {row['name']} | {row['seconds']:.1f} | {row['ratio_to_cold']:.3f} | {row['cpu_seconds']:.1f} | "
+              f"{row['cpu_ratio_to_cold']} | {c.get('compilations')} | "
               f"{c.get('remote_hits')} | {c.get('local_hits')} | {c.get('compiled')} | "
               f"{'yes' if row['same_binaries'] else 'no'} | {len(row['warnings'])} |")
     for row in rows:

@@ -30,7 +30,7 @@ def test_four_builds_side_by_side(tmp_path, monkeypatch):
     assert rows["cold+remote"]["compiler_cache"]["remote_hits"] == 0
     down = rows["remote down"]
     assert len(down["warnings"]) == 1 and down["compiler_cache"]["remote"] is None and down["compiler_cache"]["compiled"] == 3
-    assert all(r["same_binaries"] and r["ratio_to_cold"] > 0 for r in rows.values())
+    assert all(r["same_binaries"] and r["ratio_to_cold"] > 0 and r["cpu_seconds"] > 0 for r in rows.values())
 
 
 def test_bad_arguments_exit_2(tmp_path):
