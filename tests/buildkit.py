@@ -1,13 +1,19 @@
 """Shared pieces for the build, gate and pipeline tests: a tiny CMake "llama.cpp" that the
-real cmake and ninja from the venv build in seconds, and fake llama binaries as scripts."""
+real cmake and ninja from the venv build in seconds, fake llama binaries as scripts, and a real
+redis-server for the remote compiler cache."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import socket
+import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 from conftest import Proj, make_upstream, write_pin
+from polyforge.build import remote_cache
 
 CMAKE_FILES = {
     "CMakeLists.txt": textwrap.dedent("""\
@@ -222,3 +228,36 @@ def write_gguf_header(path, kv: dict) -> None:
 LLAMA_META = {"general.architecture": "llama", "llama.block_count": 16, "llama.embedding_length": 2048,
               "llama.attention.head_count": 16, "llama.attention.head_count_kv": 8,
               "tokenizer.ggml.tokens": ["tok"] * 2000}  # longer than MAX_ARRAY: skipped, kept as its length
+
+
+# -- a real redis-server for the remote compiler cache ----------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def redis_url(tmp_path_factory):
+    """A running, empty redis-server; stopped after the test. .ci/run installs redis-server."""
+    server = shutil.which("redis-server")
+    assert server is not None, "redis-server is not installed (apt-get install redis-server)"
+    workdir = tmp_path_factory.mktemp("redis")
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while remote_cache.probe(remote_cache.parse(url, "test", credentials_allowed=True)) is not None:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def closed_url() -> str:
+    return f"redis://127.0.0.1:{free_port()}"  # nothing listens there

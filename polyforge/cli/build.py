@@ -57,13 +57,17 @@ def build(
             say(f"chain      {len(d['inputs']['chain'])} applied patch(es), baseline {d['inputs']['baseline_tree'][:12]}")
             say(f"targets    {' '.join(d['targets'])}")
             say("cmake      " + " ".join(d["cache_args"]))
+            if d["remote_cache"]:
+                say(f"remote     {d['remote_cache']['url']} (from {d['remote_cache']['from']})")
             for note in d["notes"]:
                 say(f"note       {note}")
         return
     result = build_with_progress(quiet=json_out)(chain, options)
     manifest = result.manifest
     if json_out:
-        emit_json({"ok": True, "configured": result.configured, "seconds": round(result.seconds, 2), **manifest.as_dict()})
+        emit_json({"ok": True, "configured": result.configured, "seconds": round(result.seconds, 2),
+                   "compiler_cache": result.cache.as_dict() if result.cache else None, "warnings": result.warnings,
+                   **manifest.as_dict()})
         return
     libs = [a for a in manifest.artifacts if a.kind == "library"]
     say(f"[green]ok[/] {manifest.key}: {len(libs)} libraries, {len(manifest.artifacts) - len(libs)} binaries in "

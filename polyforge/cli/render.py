@@ -60,10 +60,18 @@ def build_with_progress(quiet: bool) -> BuildFn:
                 tenths["last"] = done * 10 // total
                 say(f"  [{done}/{total}] {what[:100]}")
 
+        def on_warning(text: str) -> None:
+            bar.stop()  # a line of its own, not under the bar
+            say(f"[yellow]warning:[/] {escape(text)}")
+            bar.start()
+
         try:
-            return build_lib.build(chain, options, on_plan=on_plan, on_progress=on_progress)
+            result = build_lib.build(chain, options, on_plan=on_plan, on_progress=on_progress, on_warning=on_warning)
         finally:
             bar.stop()
+        if result.cache is not None:
+            say(f"compiler cache: {escape(result.cache.summary())}")
+        return result
     return build
 
 
