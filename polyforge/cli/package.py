@@ -8,9 +8,6 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from polyforge.build import builder as build_lib
-from polyforge.build import package as package_lib
-from polyforge.chain.engine import Chain
 from polyforge.errors import BadInput, VerificationFailed
 from ..project import find_project
 from . import app
@@ -27,6 +24,9 @@ def package(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """A build's binaries and libraries as one relocatable archive with its provenance (in-toto/SLSA), or --verify one."""
+    from polyforge.build import builder as build_lib
+    from polyforge.build import package as package_lib
+    from polyforge.chain.engine import Chain
     if verify is not None:
         if build or cuda or arch or out:
             raise BadInput("--verify takes an archive alone (no --build, --cuda, --arch or --out)")
@@ -52,6 +52,8 @@ def package(
 
 
 def _verify(archive: Path, json_out: bool) -> None:
+    from polyforge.build import package as package_lib
+    from polyforge.chain.engine import Chain
     try:
         chain = Chain(find_project())
     except BadInput:
