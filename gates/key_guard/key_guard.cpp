@@ -2,8 +2,8 @@
 //
 // For each K type (V f16, flash attention on), one context decodes the first N tokens of a text as one
 // ubatch, with logits for every token, then P more tokens one at a time: the first ubatch is the one
-// the guard estimates on. The estimates are read from llama's log (one line per KV cache: Gemma 3 has
-// a SWA one), the warning from llama_key_guard_warning(). The same decode in a context made with
+// the guard estimates on. The estimates are read from llama's log (one line over the model's caches),
+// the warning from llama_key_guard_warning(). The same decode in a context made with
 // LLAMA_ATTN_K_GUARD_DISABLE=1 must give the same logits bit for bit.
 // A type written TYPE:noscale runs with LLAMA_ATTN_K_SCALE_DISABLE=1 (upstream's plain rotation).
 //
@@ -93,17 +93,17 @@ static run_result run(llama_model * model, const std::vector<llama_token> & toks
 
     res.warning = llama_key_guard_warning(ctx);
 
-    // "key_guard_read: TYPE keys cost the attention weights X nats summed over L layers, q8_0 keys Y"
+    // "key_guard_judge: TYPE keys cost the attention weights X nats summed over L layers, q8_0 keys Y"
     std::istringstream lines(g_log);
     for (std::string line; std::getline(lines, line); ) {
         const size_t at = line.find("keys cost the attention weights ");
-        if (at == std::string::npos || line.find("summed over") == std::string::npos) {
+        if (at == std::string::npos || line.find("summed over") == std::string::npos || line.find("key_guard_judge: ") == std::string::npos) {
             continue;
         }
         double kl = 0.0, kl8 = 0.0;
         int n_layer = 0;
         char type_name[32];
-        if (sscanf(line.c_str() + line.find("key_guard_read: "), "key_guard_read: %31s keys cost the attention weights %lf nats summed over %d layers, q8_0 keys %lf",
+        if (sscanf(line.c_str() + line.find("key_guard_judge: "), "key_guard_judge: %31s keys cost the attention weights %lf nats summed over %d layers, q8_0 keys %lf",
                    type_name, &kl, &n_layer, &kl8) == 4) {
             res.kl      += kl;
             res.kl_q8_0 += kl8;
