@@ -67,7 +67,7 @@ def test_gate_argv_paths_exist():
 
 @pytest.mark.parametrize("program", ["mtp/gate_mtp.py", "shared_pool/gate_shared_pool.py", "mtp/gguf_rewrite.py",
                                      "mtp/pad_mtp_target.py", "mtp/check_mtp_fixture.py", "needle/gate_needle.py",
-                                     "kv_state/gate_kv_state.py"])
+                                     "kv_state/gate_kv_state.py", "key_guard/gate_key_guard.py"])
 def test_programs_run_as_files_from_anywhere(program, tmp_path):
     """As the runner starts them (python FILE, this interpreter): every import resolves, the
     package harness included, whatever the working folder."""
@@ -464,3 +464,53 @@ def test_kv_state_a_failing_build_is_one_line(tmp_path, monkeypatch):
     assert done.stderr.strip().splitlines()[-1] == "error: building kv_shift_state failed with exit 1"
     assert "fatal: no llama.h" in done.stderr
 
+
+
+# -- gate key-guard -----------------------------------------------------------------------------
+# A stand-in compiler whose "program" prints the row key_guard.cpp prints for each K type it is given,
+# or fails as told, so that the gate's build, its run and its verdict run for real.
+FAKE_GUARD_CXX = """#!/bin/sh
+while [ "$1" != "-o" ]; do shift; done
+cat > "$2" <<'PROG'
+#!/bin/sh
+[ "$3" = fail ] && { echo "error: llama_decode failed" >&2; exit 1; }
+[ "$3" = garbled ] && { echo "not a result"; exit 0; }
+echo '{"q8_0": {"kl": 0.0001, "kl_q8_0": 0.0001, "estimates": 1, "estimates_disabled": 0, "warned": false, "max_dlogit": 0, "warning": ""}, "turbo2": {"kl": 0.5, "kl_q8_0": 0.0001, "estimates": 1, "estimates_disabled": 0, "warned": true, "max_dlogit": 0, "warning": "turbo2 keys cost"}}'
+PROG
+chmod +x "$2"
+"""
+
+
+def _key_guard_run(tmp_path, monkeypatch, types, cxx=FAKE_GUARD_CXX):
+    compiler = tmp_path / "fake-cxx"
+    compiler.write_text(cxx)
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    argv = [sys.executable, str(GATES / "key_guard" / "gate_key_guard.py"), "--root", str(ROOT), "--lib-from",
+            str(tmp_path / "bin" / "llama-perplexity"), "--model", "M", "--text", "T", "--work",
+            str(tmp_path / "work"), "--types", types]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def test_key_guard_reports_each_type(tmp_path, monkeypatch):
+    done = _key_guard_run(tmp_path, monkeypatch, "q8_0,turbo2")
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdict["ok"] is True
+    assert verdict["metrics"]["turbo2"]["warned"] is True and verdict["metrics"]["q8_0"]["warned"] is False
+    assert "turbo2: kl 0.5 (q8_0 0.0001), warned True, max_dlogit 0" in done.stderr
+    assert (tmp_path / "work" / "key_guard.log").is_file()
+
+
+@pytest.mark.parametrize("types", ["fail", "garbled"])
+def test_key_guard_a_failed_run_fails_the_verdict(tmp_path, monkeypatch, types):
+    done = _key_guard_run(tmp_path, monkeypatch, types)
+    assert done.returncode == 1
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdict == {"ok": False, "metrics": {}}
+
+
+def test_key_guard_a_failing_build_is_one_line(tmp_path, monkeypatch):
+    done = _key_guard_run(tmp_path, monkeypatch, "q8_0", cxx="#!/bin/sh\necho 'fatal: no llama.h' >&2\nexit 1\n")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == "error: building key_guard failed with exit 1"
