@@ -287,7 +287,7 @@ def plot(result: KldResult, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for r in result.rows:
         ax.scatter(r.bits, y(r), color="tab:blue" if r.pareto else "tab:gray", zorder=3)
-        label = r.kv
+        label = r.kv + (" (KLD ~0)" if r.kld_mean < floor else "")
         if r.decode_ts:
             deepest = max(r.decode_ts, key=int)
             label += f"\n{r.decode_ts[deepest]:.1f} t/s @{deepest}"

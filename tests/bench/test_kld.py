@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from buildkit import real_build, run_pf, write_script  # noqa: F401 (fixture)
+from buildkit import FAKE_BENCH, real_build, run_pf, write_script  # noqa: F401 (fixture)
 from conftest import ROOT, assert_clean_error, run_cli
 from polyforge.bench import kld
 from polyforge.errors import BadInput, VerificationFailed
@@ -174,6 +174,23 @@ def test_run_measures_every_supported_pair_and_recommends(tmp_path):
     assert "decode t/s" not in md
     assert (tmp_path / "out" / "bits_vs_kld.png").stat().st_size > 10_000
     assert not (tmp_path / "out" / "base.kld").exists()  # the logits are large: removed
+
+
+def test_depths_add_decode_speed_from_llama_bench(tmp_path):
+    exe, model = _fake(tmp_path)
+    bench_bin = write_script(tmp_path / "llama-bench", FAKE_BENCH)
+    spec = kld.KldSpec.make(["q8_0/q8_0"], None, 512, 1, None, [1000, 0], n_gen=8, repetitions=1)
+    result = kld.run(exe, bench_bin, model, spec, tmp_path / "out")
+    calls = (tmp_path / "llama-bench.calls").read_text().splitlines()
+    assert len(calls) == 3 and all("-d 0,1000" in c and "-fa 1" in c and "-n 8" in c for c in calls)
+    row = {r.kv: r for r in result.rows}
+    # the fake: 1.5 x (100 for f16 keys, 90 for q8_0) with -fa 1, divided by 1 + depth / 1000
+    assert row["f16/f16"].decode_ts == {"0": 150.0, "1000": 75.0}
+    assert row["q8_0/q8_0"].decode_ts == {"0": 135.0, "1000": 67.5}
+    assert "| decode t/s |" in (tmp_path / "out" / "bench.md").read_text()
+    assert "135.0 / 67.5" in (tmp_path / "out" / "bench.md").read_text()
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["rows"][0]["decode_ts"] == {"0": 150.0,
+                                                                                              "1000": 75.0}
 
 
 def test_run_refuses_a_pair_the_build_lacks_before_any_run(tmp_path):
