@@ -285,13 +285,14 @@ def plot(result: KldResult, path: Path) -> bool:
     floor = min((r.kld_mean for r in result.rows if r.kld_mean > 0), default=1e-4) / 3
     y = lambda r: max(r.kld_mean, floor)  # noqa: E731 - the reference's KLD is ~0: drawn at the floor
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for r in result.rows:
+    for i, r in enumerate(sorted(result.rows, key=lambda r: r.bits)):
         ax.scatter(r.bits, y(r), color="tab:blue" if r.pareto else "tab:gray", zorder=3)
         label = r.kv + (" (KLD ~0)" if r.kld_mean < floor else "")
         if r.decode_ts:
             deepest = max(r.decode_ts, key=int)
             label += f"\n{r.decode_ts[deepest]:.1f} t/s @{deepest}"
-        ax.annotate(label, (r.bits, y(r)), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        # neighbours in bits (q8_0/turbo4 and q8_0/q4_0) take labels above and below in turn
+        ax.annotate(label, (r.bits, y(r)), textcoords="offset points", xytext=(5, 4 if i % 2 else -12), fontsize=7)
     front = sorted((r for r in result.rows if r.pareto), key=lambda r: r.bits)
     ax.plot([r.bits for r in front], [y(r) for r in front], color="tab:blue", label="Pareto front")
     rec = next(r for r in result.rows if r.kv == result.recommendation.pair)
