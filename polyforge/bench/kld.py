@@ -221,7 +221,8 @@ def run(perplexity_bin: Path, bench_bin: Path | None, model: Path, spec: KldSpec
                                             timeout)
             if "kld_mean" not in m:
                 raise VerificationFailed(f"llama-perplexity printed no KLD for {pair} (log: {out_dir / f'{k}-{v}.log'})")
-            rows.append(KldRow(pair, bits_per_pair(pair), m["kld_mean"], m.get("kld_p99"), m.get("kld_max"),
+            # + 0.0: llama-perplexity prints the reference's KLD as -0.000000
+            rows.append(KldRow(pair, bits_per_pair(pair), m["kld_mean"] + 0.0, m.get("kld_p99"), m.get("kld_max"),
                                m.get("top1"), m.get("ppl"), m.get("kv_mib")))
     finally:
         base_file.unlink(missing_ok=True)  # n_vocab x tokens of logits: large
