@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from polyforge.bench import agents as agents_lib
+from polyforge.bench import bandwidth as bandwidth_lib
 from polyforge.bench import kld as kld_lib
 from polyforge.bench import matrix as bench_lib
 from polyforge.build import builder as build_lib
@@ -108,7 +109,7 @@ def run_kld(chain: Chain, spec: kld_lib.KldSpec, *, model: str, progress: kld_li
     take the model (registered or a GGUF path), measure each K/V pair into out_dir."""
     tools = ("llama-perplexity", "llama-bench") if spec.depths else ("llama-perplexity",)
 
-    def run(perplexity_bin, *rest, log):
+    def run(perplexity_bin, *rest, bandwidth, log):
         bench_bin, (model_path, _, out_dir) = (rest[0], rest[1:]) if spec.depths else (None, rest)
         return kld_lib.run(perplexity_bin, bench_bin, model_path, spec, out_dir, log=log,
                            **({"progress": progress} if progress else {}))
@@ -131,7 +132,11 @@ def _measure(chain: Chain, tools: str | tuple[str, ...], run: Callable, spec, *,
     fetched = models_lib.fetch_or_local(model, find_links=find_links, vendored_tree=chain.tree.path)
     log(f"model {model}: {'cached' if fetched.cached else 'fetched'} {fetched.path}")
     out_dir = out_dir or manifest.build_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
-    result = run(*exes, fetched.path, spec, out_dir, log=log)
+    bandwidth = None
+    if getattr(spec, "bandwidth", None) == "auto":  # the matrix and agents specs; bench --kld has none
+        bandwidth = bandwidth_lib.measure(cuda=manifest.cuda, work_dir=manifest.build_dir / "probes")
+        log(f"memory bandwidth: {bandwidth.describe()}")
+    result = run(*exes, fetched.path, spec, out_dir, bandwidth=bandwidth, log=log)
     result.build = manifest.key
     return result
 

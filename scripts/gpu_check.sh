@@ -24,8 +24,8 @@
 #            pair (scripts/cupti_trace.c, scripts/decode_trace_split.py; scripts/attention_ceiling.py --trace
 #            reads the f16 side's CSV)
 #
-# BANDWIDTH (GB/s, default 4800, an H200's) adds each decode row's share of the roofline in bench. WHEELS (a
-# folder of wheels, default .whl) is installed without network when polyforge's dependencies are missing.
+# BANDWIDTH (GB/s; default auto, measured on the GPU by bench) is what each decode row's fraction of the
+# bandwidth divides by. WHEELS (a folder of wheels, default .whl) is installed without network when polyforge's dependencies are missing.
 # Each step writes its logs under OUT and one line to OUT/summary.txt; a failing build stops the run.
 set -u
 out=${1:?usage: gpu_check.sh OUT STEP...}; shift
@@ -90,7 +90,7 @@ for step in "$@"; do
     bench)
       for hd in ${HEADS:-128}; do
         pf bench --build "$(key)" -m "$(model "$hd")" --kv $pairs -d 0,32768,131072 --flags '-fa 1 -ngl 99' \
-          -n 64 -r 2 --bandwidth "${BANDWIDTH:-4800}" --out "$out/bench-hd$hd" > "$out/bench-hd$hd.log" 2>&1
+          -n 64 -r 2 --bandwidth "${BANDWIDTH:-auto}" --out "$out/bench-hd$hd" > "$out/bench-hd$hd.log" 2>&1
         note "bench hd$hd: exit $?, $(( $(date +%s) - start )) s"
       done ;;
     pp)

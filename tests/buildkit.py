@@ -1,13 +1,19 @@
 """Shared pieces for the build, gate and pipeline tests: a tiny CMake "llama.cpp" that the
-real cmake and ninja from the venv build in seconds, and fake llama binaries as scripts."""
+real cmake and ninja from the venv build in seconds, fake llama binaries as scripts, and a real
+redis-server for the remote compiler cache."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import socket
+import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 from conftest import Proj, make_upstream, write_pin
+from polyforge.build import remote_cache
 
 CMAKE_FILES = {
     "CMakeLists.txt": textwrap.dedent("""\
@@ -199,3 +205,59 @@ for pp in ints("-npp"):
 print("\\n".join(out[:-1]))  # the last line (and the blank one after it) lost at exit
 print("llama_perf_context_print:        load time =      12.34 ms", file=sys.stderr)
 """
+
+
+def write_gguf_header(path, kv: dict) -> None:
+    """A GGUF header with the given metadata (ints as u32, lists as arrays of u32, strings) and no tensors."""
+    import struct
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv)))
+    s = lambda t: struct.pack("<Q", len(t.encode())) + t.encode()  # noqa: E731
+    for key, value in kv.items():
+        out += s(key)
+        if isinstance(value, str):
+            out += struct.pack("<I", 8) + s(value)
+        elif isinstance(value, list) and value and isinstance(value[0], str):
+            out += struct.pack("<IIQ", 9, 8, len(value)) + b"".join(s(v) for v in value)
+        elif isinstance(value, list):
+            out += struct.pack("<IIQ", 9, 4, len(value)) + b"".join(struct.pack("<I", v) for v in value)
+        else:
+            out += struct.pack("<II", 4, value)
+    path.write_bytes(bytes(out))
+
+
+LLAMA_META = {"general.architecture": "llama", "llama.block_count": 16, "llama.embedding_length": 2048,
+              "llama.attention.head_count": 16, "llama.attention.head_count_kv": 8,
+              "tokenizer.ggml.tokens": ["tok"] * 2000}  # longer than MAX_ARRAY: skipped, kept as its length
+
+
+# -- a real redis-server for the remote compiler cache ----------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def redis_url(tmp_path_factory):
+    """A running, empty redis-server; stopped after the test. .ci/run installs redis-server."""
+    server = shutil.which("redis-server")
+    assert server is not None, "redis-server is not installed (apt-get install redis-server)"
+    workdir = tmp_path_factory.mktemp("redis")
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while remote_cache.probe(remote_cache.parse(url, "test", credentials_allowed=True)) is not None:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def closed_url() -> str:
+    return f"redis://127.0.0.1:{free_port()}"  # nothing listens there

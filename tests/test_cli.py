@@ -169,7 +169,7 @@ def test_vendor_cli(fetched: Proj, tmp_path):
 
 
 COMMANDS = ("apply", "unapply", "status", "capture", "refresh", "fold", "move", "rename", "chain", "lock", "verify-patches", "vendor", "rebase", "upstream",
-            "build", "doctor", "models", "gate", "bench", "up")
+            "build", "package", "doctor", "models", "gate", "bench", "up")
 
 
 def test_help_lists_the_commands(tmp_path):

@@ -88,11 +88,14 @@ class AgentsSpec:
     separate: bool = False  # B separate prompts (no -pps -kvu)
     flag_sets: tuple[str, ...] = ("",)
     rounds: int = 1  # the whole scenario this many times; rows are the rounds' medians
+    bandwidth: float | str | None = None  # for each row's fraction of it: GB/s, "auto" (measured) or None
+    baseline: str = matrix.BASELINE
 
     @staticmethod
     def make(kv: list[str], reference: str | None, agents: list[int], prefixes: list[int], n_gen: int,
-             separate: bool = False, flag_sets: list[str] | None = None, rounds: int = 1) -> "AgentsSpec":
-        pairs, reference = matrix.kv_pairs(kv, reference)
+             separate: bool = False, flag_sets: list[str] | None = None, rounds: int = 1,
+             bandwidth: str | float | None = None, baseline: str = matrix.BASELINE) -> "AgentsSpec":
+        pairs, reference = matrix.kv_pairs(kv, reference, baseline)
         if not agents or any(not 1 <= b <= MAX_AGENTS for b in agents):
             raise BadInput(f"--agents: a list of agent counts from 1 to {MAX_AGENTS}, e.g. 1,4,8,16,32")
         if not prefixes or any(p < 1 for p in prefixes):
@@ -102,7 +105,8 @@ class AgentsSpec:
         if rounds < 1:
             raise BadInput("--rounds: at least one round")
         spec = AgentsSpec(pairs, reference, tuple(sorted(set(agents))), tuple(sorted(set(prefixes))), n_gen,
-                          separate, matrix.check_flag_sets(flag_sets), rounds)
+                          separate, matrix.check_flag_sets(flag_sets), rounds, matrix.bandwidth_setting(bandwidth),
+                          baseline)
         if spec.n_ctx(spec.prefixes[-1]) > MAX_CELLS:
             raise BadInput(f"--prefix {spec.prefixes[-1]} with {spec.agents[-1]} agents needs "
                            f"{spec.n_ctx(spec.prefixes[-1])} KV cells; llama.cpp's context holds at most {MAX_CELLS}")
@@ -121,7 +125,7 @@ class AgentsSpec:
 
     def header(self) -> dict:
         """bench.json's top-level keys before "spec"."""
-        return {"scenario": "agents", "reference": self.reference}
+        return {"scenario": "agents", "reference": self.reference, "baseline": self.baseline}
 
     def as_dict(self) -> dict:
         return {"kv": list(self.kv), "agents": list(self.agents), "prefixes": list(self.prefixes),
@@ -132,7 +136,8 @@ class AgentsSpec:
         """From a whole bench.json (before rounds, one round)."""
         s = data["spec"]
         return AgentsSpec(tuple(s["kv"]), data["reference"], tuple(s["agents"]), tuple(s["prefixes"]), s["n_gen"],
-                          s["separate"], tuple(s["flags"]), s.get("rounds", 1))
+                          s["separate"], tuple(s["flags"]), s.get("rounds", 1),
+                          baseline=data.get("baseline", matrix.BASELINE))
 
 
 @dataclass
@@ -150,10 +155,16 @@ class AgentRow(matrix.Row):
     decode_ts: float  # S_TG t/s: B*N tokens over T_TG, all agents together
     total_ts: float  # S t/s
     ratio: float | None = None  # decode_ts / the reference pair's at the same flags, prefix and B
+    baseline_ratio: float | None = None  # decode_ts / the baseline pair's (q8_0/q8_0)
+    prompt_ratio: float | None = None  # prompt_ts / the reference pair's: the prefix's prefill
     # with more than one round: the times and speeds above are the rounds' medians, ratio the median of the
     # rounds' ratios (each against the reference of its own round), and these its lowest and highest
     ratio_min: float | None = field(default=None, metadata=matrix.OPTIONAL)
     ratio_max: float | None = field(default=None, metadata=matrix.OPTIONAL)
+    # with a bandwidth: the bytes one decode step reads at least (the weights, and every cell of the KV cache
+    # once at the step's mean fill), and the fraction of the bandwidth reading them in the step's time would take
+    bytes_per_step: int | None = field(default=None, metadata=matrix.OPTIONAL)
+    bandwidth_fraction: float | None = field(default=None, metadata=matrix.OPTIONAL)
 
     @staticmethod
     def measured(kv: str, flags: str, line: dict) -> "AgentRow":
@@ -187,13 +198,20 @@ def parse_jsonl(stdout: str) -> list[dict]:
     return lines
 
 
-def run(exe: Path, model: Path, spec: AgentsSpec, out_dir: Path, *, timeout: float = 3600,
-        log: Callable[[str], None] = lambda m: None) -> AgentsResult:
+def run(exe: Path, model: Path, spec: AgentsSpec, out_dir: Path, *, bandwidth: matrix.MemoryBandwidth | None = None,
+        timeout: float = 3600, log: Callable[[str], None] = lambda m: None) -> AgentsResult:
+    """The scenario; `bandwidth` (measured by the caller where spec.bandwidth is "auto") adds each row's fraction."""
+    if isinstance(spec.bandwidth, float):
+        bandwidth = matrix.MemoryBandwidth.of(spec.bandwidth)
+    shape = matrix.roofline_shape(model, spec.kv, bandwidth, log)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     rounds = [_run_round(exe, model, spec, out_dir, n, timeout, log) for n in range(spec.rounds)]
     rows = rounds[0] if spec.rounds == 1 else median_rows(rounds)
-    result = AgentsResult(spec, str(model), rows, round(time.monotonic() - started, 1))
+    if shape is not None:
+        add_bandwidth_fraction(rows, shape, model.stat().st_size, bandwidth.reference_gbps)
+    result = AgentsResult(spec, str(model), rows, round(time.monotonic() - started, 1),
+                          bandwidth=bandwidth if shape is not None else None)
     matrix.save(result, out_dir, markdown(result), "decode_vs_agents.png", plot)
     return result
 
@@ -222,7 +240,23 @@ def _run_round(exe: Path, model: Path, spec: AgentsSpec, out_dir: Path, n: int, 
                                              f"its context cannot hold, or lost the line) (log: {log_path})")
                 rows += [AgentRow.measured(pair, flags, lines[b]) for b in spec.agents]
     matrix.add_ratios(rows, spec.reference, key=AgentRow.point, value=lambda r: r.decode_ts)
+    matrix.add_ratios(rows, spec.baseline, key=AgentRow.point, value=lambda r: r.decode_ts, attr="baseline_ratio")
+    matrix.add_ratios(rows, spec.reference, key=AgentRow.point, value=lambda r: r.prompt_ts, attr="prompt_ratio")
     return rows
+
+
+def add_bandwidth_fraction(rows: list[AgentRow], shape: matrix.KvShape, weight_bytes: int, bandwidth_gbps: float) -> None:
+    """Each row's bytes per decode step and the fraction of the bandwidth they take at the step's measured time.
+    The weights are the GGUF's size; the cells are N_KV's at the middle of the decode (the shared prefix once,
+    since one unified cache holds it once)."""
+    for r in rows:
+        k, v = r.kv.split("/")
+        grown = r.agents * (r.n_gen - 1) / 2  # cells the agents have added, on average over the steps
+        cells = (r.n_kv - r.agents * r.n_gen) + grown  # N_KV counts every generated cell
+        nbytes = weight_bytes + cells * shape.bytes_per_token(k, v)
+        r.bytes_per_step = round(nbytes)
+        step_s = r.decode_s / r.n_gen
+        r.bandwidth_fraction = round(nbytes / step_s / (bandwidth_gbps * 1e9), 4) if step_s > 0 else None
 
 
 MEDIAN_FIELDS = ("prompt_s", "prompt_ts", "decode_s", "decode_ts", "total_ts")
@@ -240,6 +274,9 @@ def median_rows(rounds: list[list[AgentRow]]) -> list[AgentRow]:
         medians = {name: statistics.median(getattr(r, name) for r in same) for name in MEDIAN_FIELDS}
         ratios = [r.ratio for r in same if r.ratio is not None]
         ratio = dict(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios)) if ratios else {}
+        for name in ("baseline_ratio", "prompt_ratio"):
+            values = [getattr(r, name) for r in same if getattr(r, name) is not None]
+            ratio[name] = statistics.median(values) if values else None
         out.append(replace(same[0], **medians, **ratio))
     return out
 
@@ -258,16 +295,23 @@ COLUMNS = (
     Column("agents", lambda r: str(r.agents)),
     Column("prompt t/s", lambda r: cell(r.prompt_ts, ".2f")),
     Column("decode t/s", lambda r: cell(r.decode_ts, ".2f")),
+    Column("prompt ratio", lambda r: cell(r.prompt_ratio, ".3f")),
     Column("ratio", lambda r: cell(r.ratio, ".3f")),
     Column("ratio range", lambda r: f"{r.ratio_min:.3f}-{r.ratio_max:.3f}" if r.ratio_min is not None else "-",
            when=lambda result: result.spec.rounds > 1),
+    Column("vs baseline", lambda r: cell(r.baseline_ratio, ".3f")),
+    Column("GB/step", lambda r: cell(None if r.bytes_per_step is None else r.bytes_per_step / 1e9, ".2f"),
+           when=lambda result: result.bandwidth is not None),
+    Column("of bandwidth", lambda r: cell(r.bandwidth_fraction, ".0%"), when=lambda result: result.bandwidth is not None),
 )
 
 
 def markdown(result: AgentsResult) -> str:
     spec = result.spec
     title = (f"{_mode(spec)}; {spec.n_gen} tokens generated per agent; decode t/s is all agents together; "
-             f"reference: `{spec.reference}` (ratio = decode t/s / reference decode t/s, same run)")
+             f"ratios are decode t/s (prompt ratio: prompt t/s) over the same of a pair in the same run: "
+             f"reference `{spec.reference}` (ratio), baseline `{spec.baseline}` (vs baseline)"
+             + (f"; bandwidth {result.bandwidth.describe()}" if result.bandwidth else ""))
     if spec.rounds > 1:
         title += (f"; {spec.rounds} rounds, KV pairs in alternating order: t/s are the rounds' medians, ratio the "
                   f"median of the rounds' ratios, ratio range their lowest and highest")

@@ -2,9 +2,11 @@
 flag sets, with repetitions; writes JSON, a markdown table with ratios against a reference
 KV type measured in the same run, and a PNG of decode t/s against depth per KV type.
 
-Given the machine's memory bandwidth, each decode row also gets its bandwidth roofline: the bytes
-a generated token reads (the weights, as llama-bench sizes them, plus the KV cache at the row's
-mean depth, from the model's GGUF shape) and the fraction of bandwidth/bytes the row reached.
+Every row is a ratio to two pairs measured in the same run: the reference (f16/f16 by default) and
+the baseline a user would pick instead of a new type (q8_0/q8_0). Each decode row also gets its
+bandwidth roofline, against the memory bandwidth measured on the machine (bandwidth.py) or given:
+the bytes a generated token reads (the weights, as llama-bench sizes them, plus the KV cache at the
+row's mean depth, from the model's GGUF shape) and the fraction of the bandwidth the row reached.
 
 llama-bench crosses every list it is given, so each (KV pair, flag set) is one invocation
 with the depth list; rows are keyed by (kv, flags, test, depth). The build and the model a
@@ -13,7 +15,7 @@ bench runs on come from pipeline.run_bench; this module only measures and report
 How a row gets its numbers (`run`):
   1. measured: `BenchRow.measured` reads one llama-bench JSON result into a row;
   2. derived: passes over all rows fill the metrics that need other rows or the model:
-     `add_ratios` (ratio to the reference KV pair), `add_roofline` (with --bandwidth);
+     `add_ratios` (ratio to the reference and to the baseline pair), `add_roofline` (with a bandwidth);
   3. reported: `BenchResult.as_dict` is bench.json and `--json`; `markdown` renders COLUMNS
      into bench.md (and the CLI's table); `plot` draws decode t/s against depth.
 
@@ -49,6 +51,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from polyforge import proc
+from polyforge.bench.bandwidth import MemoryBandwidth
 from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
 from polyforge.models.gguf import read_metadata
 from polyforge.kvtypes import KV_BITS, kv_pair
@@ -56,19 +59,41 @@ from polyforge.kvtypes import KV_BITS, kv_pair
 OPTIONAL = {"optional": True}  # BenchRow field metadata: left out of as_dict while None
 
 
-def kv_pairs(kv: list[str], reference: str | None) -> tuple[tuple[str, ...], str]:
+BASELINE = "q8_0/q8_0"  # what a user picks instead of a new K/V type: every table compares against it too
+
+
+def kv_pairs(kv: list[str], reference: str | None, baseline: str = BASELINE) -> tuple[tuple[str, ...], str]:
     """--kv (comma-separated or repeated) and --ref, checked: the pairs, the reference first
-    when it was not among them (it is measured in the same run), and the reference."""
+    when it was not among them and the baseline after it (both are measured in the same run),
+    and the reference."""
     pairs = [p.strip() for item in kv for p in item.split(",") if p.strip()]
     if not pairs:
         raise BadInput("--kv: give at least one K/V pair, e.g. f16/f16,q8_0/q8_0")
     for pair in pairs:
         if kv_pair(pair) is None:
             raise BadInput(f"--kv {pair}: not a K/V type pair like q8_0/q4_0")
+    if kv_pair(baseline) is None:
+        raise BadInput(f"--baseline {baseline}: not a K/V type pair like q8_0/q8_0")
     reference = reference or pairs[0]
-    if reference not in pairs:
-        pairs.insert(0, reference)  # the reference is measured in the same run
+    for pair in (baseline, reference):
+        if pair not in pairs:
+            pairs.insert(0, pair)  # measured in the same run
     return tuple(dict.fromkeys(pairs)), reference
+
+
+def bandwidth_setting(text: str | float | None) -> float | str | None:
+    """--bandwidth: "auto" (measure the machine), "off", or a positive number of GB/s."""
+    if text is None or text == "off":
+        return None
+    if text == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise BadInput(f"--bandwidth {text}: give auto, off or a positive number of GB/s")
+    return value
 
 
 def check_flag_sets(sets: list[str] | None) -> tuple[str, ...]:
@@ -98,29 +123,29 @@ class BenchSpec:
     prompts: tuple[int, ...]  # prompt sizes (-p), each a test of its own; 0: none
     n_gen: int
     repetitions: int
-    bandwidth_gbps: float | None = None  # memory bandwidth for the decode rooflines
+    bandwidth: float | str | None = None  # for the decode rooflines: GB/s, "auto" (measured) or None
+    baseline: str = BASELINE
 
     @staticmethod
     def make(kv: list[str], reference: str | None, depths: list[int], flag_sets: list[str] | None,
-             prompts: list[int], n_gen: int, repetitions: int, bandwidth_gbps: float | None = None) -> "BenchSpec":
-        pairs, reference = kv_pairs(kv, reference)
+             prompts: list[int], n_gen: int, repetitions: int, bandwidth: str | float | None = None,
+             baseline: str = BASELINE) -> "BenchSpec":
+        pairs, reference = kv_pairs(kv, reference, baseline)
         if not depths or any(d < 0 for d in depths):
             raise BadInput("--depth: a list of non-negative depths")
         if repetitions < 1 or any(p < 0 for p in prompts) or n_gen < 0 or (not any(prompts) and n_gen == 0):
             raise BadInput("-r must be >= 1, and -p or -n must be > 0")
         prompts = sorted({p for p in prompts if p > 0}) or [0]
         sets = check_flag_sets(flag_sets)
-        if bandwidth_gbps is not None and not bandwidth_gbps > 0:
-            raise BadInput("--bandwidth takes a positive number of GB/s")
         return BenchSpec(pairs, reference, tuple(sorted(set(depths))), sets, tuple(prompts), n_gen, repetitions,
-                         bandwidth_gbps)
+                         bandwidth_setting(bandwidth), baseline)
 
     def header(self) -> dict:
         """bench.json's top-level keys before "spec"."""
-        return {"reference": self.reference, "bandwidth_gbps": self.bandwidth_gbps}
+        return {"reference": self.reference, "baseline": self.baseline}
 
     def as_dict(self) -> dict:
-        """bench.json's "spec" (the reference and bandwidth sit at the top level there)."""
+        """bench.json's "spec" (the reference and baseline sit at the top level there)."""
         return {"kv": list(self.kv), "depths": list(self.depths), "flags": list(self.flag_sets),
                 "prompts": list(self.prompts), "n_gen": self.n_gen, "repetitions": self.repetitions}
 
@@ -130,7 +155,7 @@ class BenchSpec:
         s = data["spec"]
         prompts = tuple(s["prompts"]) if "prompts" in s else (s["n_prompt"],)
         return BenchSpec(tuple(s["kv"]), data["reference"], tuple(s["depths"]), tuple(s["flags"]), prompts,
-                         s["n_gen"], s["repetitions"], data.get("bandwidth_gbps"))
+                         s["n_gen"], s["repetitions"], baseline=data.get("baseline", BASELINE))
 
 
 class Row:
@@ -158,6 +183,7 @@ class BenchRow(Row):
     n_gen: int
     model_size: int  # bytes of weights, as llama-bench counts them
     ratio: float | None = None  # avg_ts / the reference pair's at the same flags, test, depth
+    baseline_ratio: float | None = None  # avg_ts / the baseline pair's (q8_0/q8_0) at the same
     bytes_per_token: int | None = field(default=None, metadata=OPTIONAL)  # decode rows, with --bandwidth
     roofline_ts: float | None = field(default=None, metadata=OPTIONAL)
     roofline_fraction: float | None = field(default=None, metadata=OPTIONAL)
@@ -182,10 +208,12 @@ class BenchResult:
     seconds: float
     files: dict[str, str] = field(default_factory=dict)  # json, markdown, png: what run() wrote
     build: str | None = None  # the build's key, set by pipeline.run_bench
+    bandwidth: MemoryBandwidth | None = None  # what the rooflines divide by
 
     def as_dict(self) -> dict:
         """bench.json's shape (written before files and build are known), and --json's."""
-        out = {**self.spec.header(), "spec": self.spec.as_dict(), "model": self.model,
+        out = {**self.spec.header(), "bandwidth": self.bandwidth.as_dict() if self.bandwidth else None,
+               "spec": self.spec.as_dict(), "model": self.model,
                "rows": [r.as_dict() for r in self.rows], "seconds": self.seconds}
         if self.files:
             out["files"] = dict(self.files)
@@ -196,7 +224,8 @@ class BenchResult:
     @classmethod
     def from_dict(cls, data: dict) -> "BenchResult":
         return cls(cls.SPEC.from_dict(data), data["model"], [cls.ROW.from_dict(r) for r in data["rows"]],
-                   data["seconds"], dict(data.get("files", {})), data.get("build"))
+                   data["seconds"], dict(data.get("files", {})), data.get("build"),
+                   MemoryBandwidth.from_dict(data.get("bandwidth")))
 
 
 def test_name(result: dict) -> str:
@@ -255,13 +284,30 @@ def save(result: BenchResult, out_dir: Path, markdown_text: str, png_name: str,
         result.files["png"] = str(png)
 
 
-def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, timeout: float = 3600,
-        log: Callable[[str], None] = lambda m: None) -> BenchResult:
-    shape = None
-    if spec.bandwidth_gbps is not None:  # refuse what cannot be modelled before the runs
+def roofline_shape(model: Path, pairs: tuple[str, ...], bandwidth: MemoryBandwidth | None,
+                   log: Callable[[str], None]) -> "KvShape | None":
+    """The model's KV shape for the rooflines, checked before any run: a figure the user gave is refused on a
+    model or pair whose bytes are not modelled; a measured one only drops the rooflines, with a log line."""
+    if bandwidth is None:
+        return None
+    try:
         shape = kv_shape(read_metadata(model))
-        for pair in spec.kv:
+        for pair in pairs:
             shape.bytes_per_token(*pair.split("/"))
+        return shape
+    except BadInput as exc:
+        if bandwidth.given:
+            raise
+        log(f"no rooflines: {exc}")
+        return None
+
+
+def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, bandwidth: MemoryBandwidth | None = None,
+        timeout: float = 3600, log: Callable[[str], None] = lambda m: None) -> BenchResult:
+    """The matrix; `bandwidth` (measured by the caller where spec.bandwidth is "auto") adds the rooflines."""
+    if isinstance(spec.bandwidth, float):
+        bandwidth = MemoryBandwidth.of(spec.bandwidth)
+    shape = roofline_shape(model, spec.kv, bandwidth, log)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[BenchRow] = []
     started = time.monotonic()
@@ -280,22 +326,24 @@ def run(bench_bin: Path, model: Path, spec: BenchSpec, out_dir: Path, *, timeout
                 raise VerificationFailed(f"llama-bench printed no results for {pair} (log: {log_path})")
             rows += [BenchRow.measured(pair, flags, r, spec.repetitions) for r in results]
     add_ratios(rows, spec.reference)
+    add_ratios(rows, spec.baseline, attr="baseline_ratio")
     if shape is not None:
-        add_roofline(rows, shape, spec.bandwidth_gbps)
-    result = BenchResult(spec, str(model), rows, round(time.monotonic() - started, 1))
+        add_roofline(rows, shape, bandwidth.reference_gbps)
+    result = BenchResult(spec, str(model), rows, round(time.monotonic() - started, 1),
+                         bandwidth=bandwidth if shape is not None else None)
     save(result, out_dir, markdown(result), "decode_vs_depth.png", plot)
     return result
 
 
 # -- derived metrics -----------------------------------------------------------------------
 def add_ratios(rows: list, reference: str, key: Callable[[Any], tuple] = lambda r: (r.flags, r.test, r.depth),
-               value: Callable[[Any], float] = lambda r: r.avg_ts) -> None:
-    """ratio = value / the reference KV type's value at the same key; for the matrix, avg_ts at
+               value: Callable[[Any], float] = lambda r: r.avg_ts, attr: str = "ratio") -> None:
+    """row.ATTR = value / the reference KV type's value at the same key; for the matrix, avg_ts at
     the same flags, test and depth."""
     ref = {key(r): value(r) for r in rows if r.kv == reference}
     for r in rows:
         base = ref.get(key(r))
-        r.ratio = round(value(r) / base, 4) if base else None
+        setattr(r, attr, round(value(r) / base, 4) if base else None)
 
 
 @dataclass(frozen=True)
@@ -308,7 +356,7 @@ class KvShape:
     def bytes_per_token(self, type_k: str, type_v: str) -> float:
         for t in (type_k, type_v):
             if t not in KV_BITS:
-                raise BadInput(f"--bandwidth: no size known for KV type {t}")
+                raise BadInput(f"roofline: no size known for KV type {t}")
         per_layer_head = self.head_dim_k * KV_BITS[type_k] / 8 + self.head_dim_v * KV_BITS[type_v] / 8
         return sum(n * per_layer_head for n in self.n_head_kv)
 
@@ -320,16 +368,16 @@ def kv_shape(meta: dict) -> KvShape:
     key = lambda name: meta.get(f"{arch}.{name}")
     n_layer, n_embd, n_head = key("block_count"), key("embedding_length"), key("attention.head_count")
     if not isinstance(n_layer, int) or not isinstance(n_embd, int) or not n_head:
-        raise BadInput(f"--bandwidth: the model's GGUF lacks {arch}.block_count/embedding_length/attention.head_count")
+        raise BadInput(f"roofline: the model's GGUF lacks {arch}.block_count/embedding_length/attention.head_count")
     if key("attention.sliding_window"):
-        raise BadInput(f"--bandwidth: {arch} has sliding-window layers; its KV bytes per token are not modelled")
+        raise BadInput(f"roofline: {arch} has sliding-window layers; its KV bytes per token are not modelled")
     n_head_kv = key("attention.head_count_kv") or n_head
     heads = [n_head_kv] * n_layer if isinstance(n_head_kv, int) else list(n_head_kv)
     n_head0 = n_head if isinstance(n_head, int) else max(n_head)
     head_dim_k = key("attention.key_length") or n_embd // n_head0
     head_dim_v = key("attention.value_length") or n_embd // n_head0
     if len(heads) != n_layer:
-        raise BadInput(f"--bandwidth: head_count_kv has {len(heads)} entries for {n_layer} layers")
+        raise BadInput(f"roofline: head_count_kv has {len(heads)} entries for {n_layer} layers")
     return KvShape(tuple(heads), head_dim_k, head_dim_v)
 
 
@@ -354,7 +402,7 @@ def cell(value, spec: str = "") -> str:
 
 
 def _with_bandwidth(result: BenchResult) -> bool:
-    return result.spec.bandwidth_gbps is not None
+    return result.bandwidth is not None
 
 
 @dataclass(frozen=True)
@@ -382,16 +430,24 @@ COLUMNS = (
     Column("t/s", lambda r: cell(r.avg_ts, ".2f")),
     Column("±", lambda r: cell(r.stddev_ts, ".2f")),
     Column("ratio", lambda r: cell(r.ratio, ".3f")),
+    Column("vs baseline", lambda r: cell(r.baseline_ratio, ".3f")),
     Column("GB/token", lambda r: cell(None if r.bytes_per_token is None else r.bytes_per_token / 1e9, ".2f"),
            when=_with_bandwidth),
     Column("roofline t/s", lambda r: cell(r.roofline_ts, ".0f"), when=_with_bandwidth),
-    Column("of roofline", lambda r: cell(r.roofline_fraction, ".0%"), when=_with_bandwidth),
+    Column("of bandwidth", lambda r: cell(r.roofline_fraction, ".0%"), when=_with_bandwidth),
 )
 
 
+def title_line(result: BenchResult) -> str:
+    """What the ratios and fractions of a table are relative to."""
+    spec = result.spec
+    return (f"reference: `{spec.reference}` (ratio = t/s / reference t/s), baseline: `{spec.baseline}` "
+            f"(vs baseline = t/s / baseline t/s), both from the same run"
+            + (f"; roofline at {result.bandwidth.describe()}" if result.bandwidth else ""))
+
+
 def markdown(result: BenchResult) -> str:
-    title = (f"reference: `{result.spec.reference}` (ratio = t/s / reference t/s, same run)"
-             + (f"; roofline at {result.spec.bandwidth_gbps:g} GB/s" if _with_bandwidth(result) else ""))
+    title = title_line(result)
     rows = sorted(result.rows, key=lambda r: (r.flags, order_of_test(r.test), r.depth, r.kv))
     return "\n".join([title, "", *table(COLUMNS, result, rows)]) + "\n"
 

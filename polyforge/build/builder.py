@@ -23,6 +23,7 @@ from typing import Callable
 
 from polyforge import schema
 from polyforge.build import cmake
+from polyforge.build import remote_cache
 from polyforge.build import toolchain
 from polyforge.chain.engine import Chain
 from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
@@ -38,6 +39,7 @@ BUILD_CONFIG = "build.yaml"  # under gates/: the K/V pairs the chain needs, one 
 MANIFEST = "manifest.json"
 LOG = "build.log"  # the last build's full output (ninja and the compilers)
 CONFIGURE_LOG = "configure.log"  # cmake's output when this key was configured
+CCACHE_STATS_LOG = "ccache-stats.log"  # what each compilation of the last build got from the caches
 _CONFIGURED = ".polyforge-configured"
 
 # Offline: the server UI would download prebuilt assets; FetchContent must never reach out.
@@ -50,6 +52,15 @@ _FA_TYPES = re.compile(r"set\s*\(\s*FA_TYPES\s+([^)]*)\)")
 # build repacks Q4_K weights into AMX buffers whose mul_mat segfaults (upstream issue 20824; the
 # Gemma 3 gates crash in warm-up). Explicit -mno-* flags win over -march=native in GCC and Clang.
 X86_ISA_OFF = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
+
+# The binaries find their libraries through RUNPATH $ORIGIN (they share bin/), not the build
+# directory's absolute path: bin/ is relocatable (polyforge package ships it), and two clones at
+# different paths link the same bytes. The build tree takes the install RUNPATH: CMake's own build
+# RUNPATH ends in an empty entry (padding), which the loader reads as the current directory.
+# Libraries outside the compiler's own folders (the CUDA toolkit's) keep their absolute folder.
+RUNPATH = "$ORIGIN"
+RPATH_ARGS = ("-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", f"-DCMAKE_INSTALL_RPATH={RUNPATH}",
+              "-DCMAKE_INSTALL_RPATH_USE_LINK_PATH=ON")
 
 
 class BuildFailed(VerificationFailed):
@@ -176,11 +187,13 @@ class Plan:
     env: dict[str, str]
     live_tree: str
     notes: list[str] = field(default_factory=list)
+    remote: remote_cache.RemoteCache | None = None  # the shared compiler cache, when ccache is used
 
     def as_dict(self) -> dict:
         return {"key": self.key, "build_dir": str(self.build_dir), "source_dir": str(self.source_dir),
                 "inputs": self.inputs, "cache_args": self.cache_args, "targets": self.targets,
                 "jobs": self.jobs, "env": self.env, "live_tree": self.live_tree, "notes": self.notes,
+                "remote_cache": self.remote.as_dict() if self.remote else None,
                 "configured": (self.build_dir / _CONFIGURED).is_file()}
 
 
@@ -215,9 +228,9 @@ def _plan(chain: Chain, options: BuildOptions) -> Plan:
     defines = dict(options.defines)
     tools = toolchain.describe(options.cuda, defines.get("CUDA_cublas_LIBRARY"))
     notes: list[str] = []
-    cache_args = [f"-DCMAKE_BUILD_TYPE={options.build_type}", "-DBUILD_SHARED_LIBS=ON", *OFFLINE_ARGS,
+    cache_args = [f"-DCMAKE_BUILD_TYPE={options.build_type}", "-DBUILD_SHARED_LIBS=ON", *OFFLINE_ARGS, *RPATH_ARGS,
                   f"-DCMAKE_C_COMPILER={tools['cc']}", f"-DCMAKE_CXX_COMPILER={tools['cxx']}"]
-    option_inputs: dict = {"cuda": options.cuda, "build_type": options.build_type}
+    option_inputs: dict = {"cuda": options.cuda, "build_type": options.build_type, "runpath": RUNPATH}
     if options.cuda:
         archs = list(options.archs)
         if not archs:
@@ -244,6 +257,10 @@ def _plan(chain: Chain, options: BuildOptions) -> Plan:
         cache_args += [f"-DCMAKE_{lang}_FLAGS={cpu_flags}" for lang in ("C", "CXX")]
         option_inputs["cpu_flags"] = cpu_flags
     env = ccache_env(project.root, tools)
+    remote = remote_cache.configured(project.gates_dir / BUILD_CONFIG)
+    if remote is not None and not env:
+        notes.append(f"remote cache {remote.shown} unused: ccache is not installed")
+        remote = None
     if env:
         launchers = ["C", "CXX"] + (["CUDA"] if options.cuda else [])
         cache_args.append("-DGGML_CCACHE=OFF")  # ggml's own launcher would bypass our env
@@ -263,7 +280,7 @@ def _plan(chain: Chain, options: BuildOptions) -> Plan:
     keyed = {k: inputs[k] for k in ("baseline_tree", "chain_digest", "options", "toolchain")}
     key = ("cuda-" if options.cuda else "cpu-") + sha256_bytes(json.dumps(keyed, sort_keys=True).encode())[:12]
     return Plan(key, project.build_root / key, source, inputs, cache_args, list(options.targets),
-                options.jobs, env, tree.snapshot(), notes)
+                options.jobs, env, tree.snapshot(), notes, remote)
 
 
 # -- the manifest --------------------------------------------------------------------------
@@ -340,15 +357,36 @@ class BuildResult:
     manifest: Manifest
     configured: bool
     seconds: float
+    cache: remote_cache.CacheStats | None = None  # None: built without ccache
+    warnings: list[str] = field(default_factory=list)
 
 
 def build(chain: Chain, options: BuildOptions, *, on_plan: Callable[[Plan], None] | None = None,
-          on_progress: Callable[[int, int, str], None] | None = None) -> BuildResult:
+          on_progress: Callable[[int, int, str], None] | None = None,
+          on_warning: Callable[[str], None] | None = None) -> BuildResult:
     """Plan (under the project lock), then run: what build, gate, bench and up all do."""
     planned = plan(chain, options)
     if on_plan is not None:
         on_plan(planned)
-    return run(planned, on_progress=on_progress)
+    return run(planned, on_progress=on_progress, on_warning=on_warning)
+
+
+def compiler_cache_env(plan_: Plan, stats_log: Path) -> tuple[dict[str, str], remote_cache.RemoteCache | None, list[str]]:
+    """The build step's environment: the plan's ccache settings, the stats log and the remote
+    cache when its probe passes. Returns (env, the remote used, warnings): a remote that does not
+    answer is left out with one warning, and the build goes on with the local cache."""
+    env = dict(plan_.env)
+    if not env:
+        return env, None, []
+    env["CCACHE_STATSLOG"] = str(stats_log)
+    remote = plan_.remote
+    if remote is None:
+        return env, None, []
+    why = remote_cache.probe(remote)
+    if why is not None:
+        return env, None, [f"remote cache {remote.shown}: {why}; building with the local cache alone"]
+    env["CCACHE_REMOTE_STORAGE"] = remote.ccache_url()
+    return env, remote, []
 
 
 def _artifacts(bin_dir: Path, previous: dict[str, Artifact]) -> list[Artifact]:
@@ -379,7 +417,8 @@ def _artifacts(bin_dir: Path, previous: dict[str, Artifact]) -> list[Artifact]:
 
 
 def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
-        on_progress: Callable[[int, int, str], None] | None = None) -> BuildResult:
+        on_progress: Callable[[int, int, str], None] | None = None,
+        on_warning: Callable[[str], None] | None = None) -> BuildResult:
     """Configure if this key has no CMake cache yet, then build the targets with ninja."""
     started = time.monotonic()
     build_dir = plan_.build_dir
@@ -410,7 +449,13 @@ def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
                 on_line(line)
 
         log.write_text("")
-        status = cmake.build(build_dir, plan_.targets, jobs=plan_.jobs, log_path=log, env=plan_.env,
+        stats_log = build_dir / CCACHE_STATS_LOG
+        stats_log.write_text("")
+        env, remote, warnings = compiler_cache_env(plan_, stats_log)
+        for warning in warnings:
+            if on_warning is not None:
+                on_warning(warning)
+        status = cmake.build(build_dir, plan_.targets, jobs=plan_.jobs, log_path=log, env=env,
                              on_line=line_seen)
         if status != 0:
             _fail("build failed", log)
@@ -422,7 +467,8 @@ def run(plan_: Plan, *, on_line: Callable[[str], None] | None = None,
             built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), log=str(log),
             configure_log=str(build_dir / CONFIGURE_LOG), artifacts=_artifacts(build_dir / "bin", previous))
         write_text_atomic(build_dir / MANIFEST, json.dumps(manifest.as_dict(), indent=2) + "\n")
-    return BuildResult(plan_, manifest, configured, time.monotonic() - started)
+    cache = remote_cache.read_stats_log(stats_log, remote) if plan_.env else None
+    return BuildResult(plan_, manifest, configured, time.monotonic() - started, cache, warnings)
 
 
 def _fail(what: str, log: Path) -> None:

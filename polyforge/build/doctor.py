@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polyforge.build import cmake
+from polyforge.build import remote_cache
 from polyforge.build import toolchain
+from polyforge.build.builder import BUILD_CONFIG
 from polyforge.errors import BadInput, EnvironmentProblem
 from polyforge.gates import GATE_MODULES, distribution_version
 from polyforge.project import find_project
@@ -48,10 +50,11 @@ def diagnose() -> Report:
     """The checks, the disk's at this project's build/ (or the current folder: doctor also runs
     outside a project)."""
     try:
-        disk_path = find_project().build_root
+        project = find_project()
+        disk_path, build_config = project.build_root, project.gates_dir / BUILD_CONFIG
     except BadInput:
-        disk_path = Path.cwd()
-    return Report(checks(disk_path))
+        disk_path, build_config = Path.cwd(), None
+    return Report(checks(disk_path, build_config))
 
 
 def _tool(name: str, finder, fix: str) -> Check:
@@ -65,7 +68,7 @@ def _tool(name: str, finder, fix: str) -> Check:
     return Check(name, True, f"{version} ({path})")
 
 
-def checks(disk_path: Path) -> list[Check]:
+def checks(disk_path: Path, build_config: Path | None = None) -> list[Check]:
     out = []
     py_ok = sys.version_info >= (3, 10)
     out.append(Check("python", py_ok, f"{platform.python_version()} ({sys.executable})",
@@ -96,11 +99,31 @@ def checks(disk_path: Path) -> list[Check]:
     out.append(Check("ccache", ccache_version is not None, f"{ccache_version} ({ccache})" if ccache_version else "not found",
                      None if ccache_version else "apt-get install ccache (rebuilds of a new key get much faster)",
                      required=False))
+    out.append(remote_cache_check(build_config))
     probe = disk_path if disk_path.exists() else Path.cwd()
     free = shutil.disk_usage(probe).free / 2**30
     out.append(Check("disk", free >= MIN_FREE_GIB, f"{free:.1f} GiB free at {probe}",
                      None if free >= MIN_FREE_GIB else f"free at least {MIN_FREE_GIB:.0f} GiB (a CUDA build takes several)"))
     return out
+
+
+def remote_cache_check(build_config: Path | None) -> Check:
+    """The shared compiler cache builds would use ($POLYFORGE_REMOTE_CACHE, else build.yaml's
+    remote_cache.url): none, or reachable, or why not. Wanted, never required: builds without
+    it use the local cache."""
+    name = "remote cache"
+    where = f"${remote_cache.ENV_VAR} or {BUILD_CONFIG} remote_cache.url"
+    try:
+        remote = remote_cache.configured(build_config)
+    except BadInput as exc:
+        return Check(name, False, exc.message, exc.hint or f"fix {where}", required=False)
+    if remote is None:
+        return Check(name, True, f"none configured ({where}): builds use the local ccache alone", required=False)
+    why = remote_cache.probe(remote)
+    if why is not None:
+        return Check(name, False, f"{remote.shown} (from {remote.origin}): {why}",
+                     "start the cache server or fix the URL; builds meanwhile use the local cache", required=False)
+    return Check(name, True, f"{remote.shown} (from {remote.origin}) answers", required=False)
 
 
 def _gate_module(module: str, dist: str) -> Check:

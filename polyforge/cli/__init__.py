@@ -20,7 +20,7 @@ app = typer.Typer(
 )
 
 # each module registers its command group on app; --help lists them in this order
-from . import chain, vendor, upstream, build, doctor, models, gate, bench, up  # noqa: E402,F401
+from . import chain, vendor, upstream, build, package, doctor, models, gate, bench, up  # noqa: E402,F401
 
 
 def main() -> None:

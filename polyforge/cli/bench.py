@@ -8,12 +8,6 @@ from typing import List, Optional
 
 import typer
 
-from polyforge.bench import agents as agents_lib
-from polyforge.bench import kld as kld_lib
-from polyforge.bench import matrix as bench_lib
-from polyforge.build import builder as build_lib
-from .. import pipeline
-from polyforge.chain.engine import Chain
 from ..console import err
 from ..errors import BadInput
 from ..project import find_project
@@ -37,6 +31,9 @@ def bench(
     ctx: int = typer.Option(512, "--ctx", help="With --kld: the context (chunk) size."),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="With --kld: at most this many chunks of the text."),
     reference: Optional[str] = typer.Option(None, "--ref", help="Reference K/V pair for ratios (default: the first)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="A second pair every row is also compared "
+                                           "with, measured in the same run (default q8_0/q8_0): what a user would "
+                                           "pick instead."),
     depth: Optional[str] = typer.Option(None, "--depth", "-d", help="Depths, comma-separated (default 0,512)."),
     flags: Optional[List[str]] = typer.Option(None, "--flags", help="A flag set for llama-bench (or with --agents "
                                               "llama-batched-bench), e.g. '-fa 1' (repeatable)."),
@@ -57,23 +54,29 @@ def bench(
     arch: Optional[str] = typer.Option(None, "--arch"),
     out: Optional[str] = typer.Option(None, "--out", help="Output folder (default build/KEY/bench/TIME)."),
     find_links: Optional[str] = typer.Option(None, "--find-links"),
-    bandwidth: Optional[float] = typer.Option(None, "--bandwidth",
-                                              help="Memory bandwidth in GB/s: add each decode row's roofline."),
+    bandwidth: str = typer.Option("auto", "--bandwidth", help="Memory bandwidth for each decode row's fraction of "
+                                  "it: auto (measured on the bench's device), off, or GB/s."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """A llama-bench matrix: KV types x depths x flags; JSON, markdown, ratios, PNG (and rooflines).
     With --agents: B agents sharing a P-token prefix (llama-batched-bench), decode t/s per KV pair.
     With --kld: KL divergence, top-1 agreement and bits of each K/V pair, and the pair to use."""
+    from polyforge import pipeline
+    from polyforge.bench import agents as agents_lib
+    from polyforge.bench import kld as kld_lib
+    from polyforge.bench import matrix as bench_lib
+    from polyforge.build import builder as build_lib
+    from polyforge.chain.engine import Chain
     kld_only = {"--text": text, "--max-kld": max_kld, "--chunks": chunks, "--ctx": None if ctx == 512 else ctx}
     if not kld:
         for option, value in kld_only.items():
             if value is not None:
                 raise BadInput(f"{option} goes with --kld")
     if kld:
-        if agents is not None or prefix is not None or separate or rounds != 1 or bandwidth is not None \
-                or prompts is not None or reference is not None:
+        if agents is not None or prefix is not None or separate or rounds != 1 or bandwidth != "auto" \
+                or prompts is not None or reference is not None or baseline is not None:
             raise BadInput("--kld measures against f16/f16 and takes no --agents, --prefix, --separate, --rounds, "
-                           "--bandwidth, -p or --ref")
+                           "--bandwidth, -p, --ref or --baseline")
         if flags is not None and len(flags) > 1:
             raise BadInput("--kld takes one --flags (more llama-perplexity arguments)")
         try:
@@ -98,20 +101,21 @@ def bench(
         return
     kv = kv or ["f16/f16,q8_0/q8_0,q4_0/q4_0"]
     if agents is not None:
-        matrix_only = {"--depth": depth, "-p": prompts, "-r": repetitions, "--bandwidth": bandwidth}
+        matrix_only = {"--depth": depth, "-p": prompts, "-r": repetitions}
         for option, value in matrix_only.items():
             if value is not None:
                 raise BadInput(f"{option} is an option of the llama-bench matrix, not of --agents")
         prefixes = bench_lib.int_list("32768" if prefix is None else prefix, "--prefix")
         spec = agents_lib.AgentsSpec.make(kv, reference, bench_lib.int_list(agents, "--agents"), prefixes, n_gen,
-                                          separate, flags, rounds)
+                                          separate, flags, rounds, bandwidth, baseline or bench_lib.BASELINE)
         run, render = pipeline.run_agents, agents_lib.markdown
     else:
         if prefix is not None or separate or rounds != 1:
             raise BadInput("--prefix, --separate and --rounds go with --agents")
         depths = bench_lib.int_list("0,512" if depth is None else depth, "--depth")
         spec = bench_lib.BenchSpec.make(kv, reference, depths, flags, bench_lib.int_list(prompts or "0", "-p"), n_gen,
-                                        3 if repetitions is None else repetitions, bandwidth)
+                                        3 if repetitions is None else repetitions, bandwidth,
+                                        baseline or bench_lib.BASELINE)
         run, render = pipeline.run_bench, bench_lib.markdown
     chain = Chain(find_project())
     result = run(chain, spec, model=model, build_key=build_key,

@@ -7,8 +7,6 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from polyforge.build import builder as build_lib
-from polyforge.chain.engine import Chain
 from ..console import err
 from ..project import find_project
 from . import app
@@ -28,6 +26,8 @@ def build(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Build the vendored tree (with the applied chain) out of tree, keyed by its inputs."""
+    from polyforge.build import builder as build_lib
+    from polyforge.chain.engine import Chain
     project = find_project()
     if list_:
         rows = build_lib.list_builds(project.build_root)
@@ -57,13 +57,17 @@ def build(
             say(f"chain      {len(d['inputs']['chain'])} applied patch(es), baseline {d['inputs']['baseline_tree'][:12]}")
             say(f"targets    {' '.join(d['targets'])}")
             say("cmake      " + " ".join(d["cache_args"]))
+            if d["remote_cache"]:
+                say(f"remote     {d['remote_cache']['url']} (from {d['remote_cache']['from']})")
             for note in d["notes"]:
                 say(f"note       {note}")
         return
     result = build_with_progress(quiet=json_out)(chain, options)
     manifest = result.manifest
     if json_out:
-        emit_json({"ok": True, "configured": result.configured, "seconds": round(result.seconds, 2), **manifest.as_dict()})
+        emit_json({"ok": True, "configured": result.configured, "seconds": round(result.seconds, 2),
+                   "compiler_cache": result.cache.as_dict() if result.cache else None, "warnings": result.warnings,
+                   **manifest.as_dict()})
         return
     libs = [a for a in manifest.artifacts if a.kind == "library"]
     say(f"[green]ok[/] {manifest.key}: {len(libs)} libraries, {len(manifest.artifacts) - len(libs)} binaries in "

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TYPE_CHECKING
 
 import typer
+
 from rich.markup import escape
 from rich.table import Table
 
-from polyforge.chain import patchfile, queue
-from polyforge.chain import report as report_lib
-from polyforge.chain import status as status_lib
-from polyforge.chain import verify as verify_lib
-from polyforge.chain.engine import Chain
 from ..console import err
 from ..errors import BadInput, VerificationFailed
-from ..git import user_identity
 from ..project import find_project
 from . import app
 from .render import emit_json, exclusive_saying_notices, say
+
+if TYPE_CHECKING:  # the library loads when a command runs, so that --help and errors start fast
+    from polyforge.chain import queue
+    from polyforge.chain import status as status_lib
 
 
 @app.command()
@@ -29,6 +28,7 @@ def apply(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Apply the chain (patches/*.patch in lexical order) to the vendored tree, atomically."""
+    from polyforge.chain.engine import Chain
     chain = Chain(find_project())
     with exclusive_saying_notices(chain):
         report = chain.apply(to, allow_offset)
@@ -42,6 +42,7 @@ def unapply(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Reverse-apply patches from the top, verified by tree id."""
+    from polyforge.chain.engine import Chain
     chain = Chain(find_project())
     with exclusive_saying_notices(chain):
         report = chain.unapply(to)
@@ -63,6 +64,8 @@ def _render_patch_report(report: list[dict], json_out: bool, summary: str) -> No
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Pin and baseline, applied and unapplied patches, live edits, lock drift."""
+    from polyforge.chain import status as status_lib
+    from polyforge.chain.engine import Chain
     chain = Chain(find_project())
     info = status_lib.read(chain)
     if json_out:
@@ -140,6 +143,7 @@ def capture(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Turn the live edits on top of the applied chain into a new patch."""
+    from polyforge.chain.engine import Chain
     message = _message(message, message_file)
     chain = Chain(find_project())
     with chain.exclusive():
@@ -161,6 +165,7 @@ def refresh(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Regenerate the top applied patch from the live tree (canonical form)."""
+    from polyforge.chain.engine import Chain
     message = _message(message, message_file)
     chain = Chain(find_project())
     with chain.exclusive():
@@ -176,6 +181,7 @@ def refresh(
 
 
 def _message(message: Optional[str], message_file: Optional[Path]) -> Optional[str]:
+    from polyforge.chain import patchfile
     if message_file is None:
         return message
     if message is not None:
@@ -191,6 +197,7 @@ def _say_rebased(info: dict) -> None:
 @app.command()
 def lock(json_out: bool = typer.Option(False, "--json")) -> None:
     """Rewrite patches/chain.lock after an intended change to the chain."""
+    from polyforge.chain.engine import Chain
     chain = Chain(find_project())
     with chain.exclusive():
         result = chain.relock()
@@ -206,6 +213,8 @@ def verify_patches(
     junit_file: Optional[Path] = typer.Option(None, "--junit", help="Also write a JUnit XML report."),
 ) -> None:
     """Prove the chain: prefixes, forward and reverse byte identity, lock, canonical form."""
+    from polyforge.chain import verify as verify_lib
+    from polyforge.chain.engine import Chain
     if junit_file is not None and (junit_file.is_dir() or not junit_file.parent.is_dir()):
         # refused before the proof: a typo should not cost a whole proof
         raise BadInput(f"--junit {junit_file}: " + ("is a folder" if junit_file.is_dir() else "its folder does not exist"))
@@ -252,6 +261,8 @@ def fold(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Fold a run of patches into one, proving it ends on the same tree and the rest still applies."""
+    from polyforge.chain import queue
+    from polyforge.chain.engine import Chain
     first, sep, last = run.partition("..")
     if not sep or not first or not last:
         raise BadInput(f"{run}: give the run as FIRST..LAST (e.g. 0080..0099)")
@@ -268,6 +279,8 @@ def move(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Move a patch, proving the chain still applies and builds the same final tree."""
+    from polyforge.chain import queue
+    from polyforge.chain.engine import Chain
     with exclusive_saying_notices(chain := Chain(find_project())):
         result = queue.move(chain, name, after)
     _render_rewritten(result, json_out)
@@ -280,12 +293,15 @@ def rename(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Rename a patch (patches/, chain.lock and the applied commits together)."""
+    from polyforge.chain import queue
+    from polyforge.chain.engine import Chain
     with exclusive_saying_notices(chain := Chain(find_project())):
         result = queue.rename(chain, name, new_name)
     _render_rewritten(result, json_out)
 
 
 def _author(author: Optional[str], reset_author: bool) -> Optional[str]:
+    from polyforge.git import user_identity
     if reset_author and author is not None:
         raise BadInput("give --author or --reset-author, not both")
     return user_identity(find_project().root) if reset_author else author
@@ -312,6 +328,8 @@ def chain_report(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Which patches touch each file, which rewrite lines of earlier ones, and the folds that would not."""
+    from polyforge.chain import report as report_lib
+    from polyforge.chain.engine import Chain
     chain = Chain(find_project())
     with chain.shared():
         report = report_lib.of_chain(chain)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from polyforge.build import doctor as doctor_lib
 from ..console import err
 from . import app
 from .render import emit_json
@@ -14,6 +13,7 @@ from .render import emit_json
 @app.command()
 def doctor(json_out: bool = typer.Option(False, "--json")) -> None:
     """Python, cmake, ninja, compilers, nvcc, GPU, ccache, free disk: each ok or missing, with the fix."""
+    from polyforge.build import doctor as doctor_lib
     report = doctor_lib.diagnose()
     if json_out:
         emit_json(report.as_dict())

@@ -7,10 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .. import pipeline
-from polyforge.chain.engine import Chain
 from ..console import err
-from ..gates import runner
 from ..project import find_project
 from . import app
 from .render import build_and_model_args, emit_json, render_verdict, say
@@ -23,6 +20,7 @@ app.add_typer(gate_app, name="gate")
 @gate_app.command("list")
 def gate_list(json_out: bool = typer.Option(False, "--json")) -> None:
     """The gates of this project."""
+    from polyforge.gates import runner
     gates = runner.load_all(find_project().gates_dir)
     if json_out:
         emit_json([{"name": g.name, "kind": g.kind, "requires": g.build.requires, "models": list(g.models),
@@ -49,6 +47,8 @@ def gate_run(
 ) -> None:
     """Run one gate: build what it needs, fetch its models, run, judge. Exit 0 only when ok. A
     passing verdict recorded on the same build, gate files, models and polyforge is reused."""
+    from polyforge import pipeline
+    from polyforge.chain.engine import Chain
     chain = Chain(find_project())
     verdict = pipeline.run_gate(chain, name, build_key=build_key, log=lambda m: say(f"[dim]{m}[/]"), rerun=rerun,
                                 **build_and_model_args(cuda=cuda, arch=arch, jobs=jobs, find_links=find_links,

@@ -7,7 +7,6 @@ from typing import List, Optional
 
 import typer
 
-from polyforge.models import registry as models_lib
 from ..project import find_project
 from . import app
 from .render import emit_json, say
@@ -20,6 +19,7 @@ app.add_typer(models_app, name="models")
 @models_app.command("list")
 def models_list(json_out: bool = typer.Option(False, "--json")) -> None:
     """The registered models and whether they are cached."""
+    from polyforge.models import registry as models_lib
     rows = [models_lib.info(n) for n in models_lib.names()]
     if json_out:
         emit_json(rows)
@@ -36,6 +36,7 @@ def models_fetch(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Fetch (or generate) models into the cache; a cache hit costs nothing."""
+    from polyforge.models import registry as models_lib
     project = find_project()
     results = []
     for name in names:
@@ -52,6 +53,7 @@ def models_fetch(
 @models_app.command("path")
 def models_path(name: str = typer.Argument(...)) -> None:
     """Print a cached model's path (stdout); exit 1 if it is not fetched."""
+    from polyforge.models import registry as models_lib
     info = models_lib.info(name)
     if not info["cached"]:
         say(f"[red]{name} is not fetched[/]: polyforge models fetch {name}")

@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from polyforge.build import builder as build_lib
-from polyforge.chain.engine import Chain
 from ..console import err
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the library loads when a command runs, so that --help and errors start fast
+    from polyforge.chain.engine import Chain
     from ..pipeline import BuildFn
 
 
@@ -40,6 +39,8 @@ def exclusive_saying_notices(chain: Chain) -> Iterator[None]:
 def build_with_progress(quiet: bool) -> BuildFn:
     """build_lib.build showing the plan and a progress bar on stderr (quiet: no bar), for the
     commands that build: build, gate run, bench, up."""
+    from polyforge.build import builder as build_lib
+
     def build(chain: Chain, options: build_lib.BuildOptions) -> build_lib.BuildResult:
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        TextColumn("[dim]{task.fields[what]}"), console=err, transient=True,
@@ -59,10 +60,18 @@ def build_with_progress(quiet: bool) -> BuildFn:
                 tenths["last"] = done * 10 // total
                 say(f"  [{done}/{total}] {what[:100]}")
 
+        def on_warning(text: str) -> None:
+            bar.stop()  # a line of its own, not under the bar
+            say(f"[yellow]warning:[/] {escape(text)}")
+            bar.start()
+
         try:
-            return build_lib.build(chain, options, on_plan=on_plan, on_progress=on_progress)
+            result = build_lib.build(chain, options, on_plan=on_plan, on_progress=on_progress, on_warning=on_warning)
         finally:
             bar.stop()
+        if result.cache is not None:
+            say(f"compiler cache: {escape(result.cache.summary())}")
+        return result
     return build
 
 
@@ -88,6 +97,7 @@ def build_and_model_args(*, cuda: bool, arch: Optional[str], jobs: Optional[int]
                          quiet: bool) -> dict:
     """The keyword arguments pipeline.run_gate and pipeline.up take from the flags gate run and up
     share: what to build, how to show the build, where model wheels are."""
+    from polyforge.build import builder as build_lib
     return {"options": build_lib.BuildOptions.make(cuda=cuda, arch=arch, jobs=jobs),
             "build_fn": build_with_progress(quiet=quiet),
             "find_links": Path(find_links) if find_links else None}

@@ -6,8 +6,6 @@ from typing import List, Optional
 
 import typer
 
-from .. import pipeline
-from polyforge.chain.engine import Chain
 from ..project import find_project
 from . import app
 from .render import build_and_model_args, emit_json, render_verdict, say
@@ -26,6 +24,8 @@ def up(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """The whole pipeline: fetch -> apply -> verify-patches -> build -> gates; stops at the first failure."""
+    from polyforge import pipeline
+    from polyforge.chain.engine import Chain
     chain = Chain(find_project())
 
     def on_step(step: pipeline.Step) -> None:

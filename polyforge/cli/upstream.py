@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, TYPE_CHECKING
 
 import typer
 from rich.markup import escape
 
-from polyforge.chain.engine import Chain
 from polyforge.errors import BadInput
-from polyforge.chain import rebase as rebase_lib
 from ..project import find_project
 from . import app
 from .render import emit_json, say
+
+if TYPE_CHECKING:  # the library loads when a command runs, so that --help and errors start fast
+    from polyforge.chain import rebase as rebase_lib
 
 upstream_app = typer.Typer(no_args_is_help=True, help="Follow upstream: check newer trees against the chain.")
 app.add_typer(upstream_app, name="upstream")
@@ -35,6 +36,8 @@ def rebase(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Carry the chain onto another upstream tree: each patch classified and reviewed."""
+    from polyforge.chain import rebase as rebase_lib
+    from polyforge.chain.engine import Chain
     actions = [name for name, on in (("--continue", continue_), ("--skip", skip), ("--abort", abort)) if on]
     if len(actions) > 1 or (actions and (onto or dry_run or force)):
         raise BadInput("give --onto [--dry-run] [--force], or one of --continue, --skip, --abort")
@@ -102,6 +105,8 @@ def check(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Dry-run the rebase onto each source: the newest that goes clean, the first conflict on others."""
+    from polyforge.chain import rebase as rebase_lib
+    from polyforge.chain.engine import Chain
     chain = Chain(find_project())
     log = (lambda m: None) if json_out else (lambda m: say(f"[dim]{escape(m)}[/]"))
     with chain.shared():

@@ -8,9 +8,6 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from polyforge.chain import rebase as rebase_lib
-from polyforge.upstream import vendor as vendor_lib
-from polyforge.chain.engine import Chain
 from ..project import find_project
 from . import app
 from .render import emit_json, exclusive_saying_notices, say
@@ -27,6 +24,8 @@ def fetch(
     json_out: bool = typer.Option(False, "--json", help="Machine output on stdout."),
 ) -> None:
     """Fetch the pinned llama.cpp, prove its tree id, and vendor it."""
+    from polyforge.chain.engine import Chain
+    from polyforge.upstream import vendor as vendor_lib
     chain = Chain(find_project())
     with exclusive_saying_notices(chain):
         result = vendor_lib.fetch(chain, source, force)
@@ -47,6 +46,9 @@ def fetch(
 @vendor_app.command("status")
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """The pin and whether the vendored baseline matches it."""
+    from polyforge.chain import rebase as rebase_lib
+    from polyforge.chain.engine import Chain
+    from polyforge.upstream import vendor as vendor_lib
     chain = Chain(find_project())
     info = vendor_lib.status(chain, rebase_lib.describe(chain.project))
     if json_out:
@@ -71,6 +73,8 @@ def pack(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """A compact, reproducible archive of the tree, for machines with no network."""
+    from polyforge.chain.engine import Chain
+    from polyforge.upstream import vendor as vendor_lib
     chain = Chain(find_project())
     info = vendor_lib.pack(chain, out.resolve(), patched=patched, prune=not full)
     if json_out:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import buildkit
-from buildkit import FAKE_BATCHED_BENCH, fake_build, run_pf, write_script
+from buildkit import FAKE_BATCHED_BENCH, LLAMA_META, fake_build, run_pf, write_gguf_header, write_script
 from conftest import ROOT, assert_clean_error, run_cli
 from polyforge.bench import agents, matrix
 from polyforge.errors import BadInput, VerificationFailed
@@ -25,7 +25,7 @@ def _spec(**kw):
 def _run(tmp_path, **kw):
     exe = write_script(tmp_path / "llama-batched-bench", FAKE_BATCHED_BENCH)
     model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    write_gguf_header(model, LLAMA_META)
     result = agents.run(exe, model, _spec(**kw), tmp_path / "out")
     calls = (tmp_path / "llama-batched-bench.calls").read_text().splitlines()
     return result, calls
@@ -86,22 +86,27 @@ def test_agents_rows_ratios_markdown_and_plot(tmp_path):
     assert _row(result, "q4_0/q4_0", 3000, 8).ratio == pytest.approx(0.8 / 1.08, abs=1e-4)  # same P and B only
     assert q8.prompt_ts == pytest.approx(900.0) and q8.n_kv == 1000 + 4 * 16 and q8.n_gen == 16
     assert q8.decode_s == pytest.approx(4 * 16 / 180.0, abs=1e-5)
+    # beside the reference: the baseline q8_0/q8_0, and the prefix's prefill against the reference's
+    assert (q8.baseline_ratio, q8.prompt_ratio) == (1.0, pytest.approx(0.9))
+    assert q4.baseline_ratio == pytest.approx(0.8 / 1.04 / 0.9, abs=1e-4) and q4.prompt_ratio == pytest.approx(0.8)
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert list(saved) == ["scenario", "reference", "spec", "model", "rows", "seconds"]
+    assert list(saved) == ["scenario", "reference", "baseline", "bandwidth", "spec", "model", "rows", "seconds"]
     assert saved["scenario"] == "agents" and saved["reference"] == "f16/f16"
     assert saved["spec"] == {"kv": ["f16/f16", "q8_0/q8_0", "q4_0/q4_0"], "agents": [1, 4, 8], "prefixes": [1000, 3000],
                              "n_gen": 16, "separate": False, "flags": [""], "rounds": 1}
     assert saved["rows"] == [r.as_dict() for r in result.rows]
     assert list(saved["rows"][0]) == ["kv", "flags", "prefix", "agents", "n_gen", "n_kv", "prompt_s", "prompt_ts",
-                                      "decode_s", "decode_ts", "total_ts", "ratio"]
+                                      "decode_s", "decode_ts", "total_ts", "ratio", "baseline_ratio", "prompt_ratio"]
     assert agents.AgentsResult.from_dict(saved).as_dict() == saved
     assert set(result.files) == {"json", "markdown", "png"} and result.as_dict()["files"] == result.files
     md = (tmp_path / "out" / "bench.md").read_text().splitlines()
-    assert md[0].startswith("shared prefix: B agents over one P-token prefix") and "reference: `f16/f16`" in md[0]
-    assert md[2:4] == ["| kv | prefix | agents | prompt t/s | decode t/s | ratio |", "|---|---:|---:|---:|---:|---:|"]
-    assert "| q8_0/q8_0 | 1000 | 4 | 900.00 | 180.00 | 0.900 |" in md
-    assert "| q4_0/q4_0 | 1000 | 4 | 800.00 | 153.85 | 0.769 |" in md
-    assert md[4] == "| f16/f16 | 1000 | 1 | 1000.00 | 50.00 | 1.000 |"  # by prefix, B, then kv
+    assert md[0].startswith("shared prefix: B agents over one P-token prefix")
+    assert "reference `f16/f16` (ratio), baseline `q8_0/q8_0` (vs baseline)" in md[0]
+    assert md[2:4] == ["| kv | prefix | agents | prompt t/s | decode t/s | prompt ratio | ratio | vs baseline |",
+                       "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    assert "| q8_0/q8_0 | 1000 | 4 | 900.00 | 180.00 | 0.900 | 0.900 | 1.000 |" in md
+    assert "| q4_0/q4_0 | 1000 | 4 | 800.00 | 153.85 | 0.800 | 0.769 | 0.855 |" in md
+    assert md[4] == "| f16/f16 | 1000 | 1 | 1000.00 | 50.00 | 1.000 | 1.000 | 1.111 |"  # by prefix, B, then kv
     png = tmp_path / "out" / "decode_vs_agents.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (tmp_path / "out").glob("*.log"))[0] == "f16-f16-p1000.log"
@@ -117,7 +122,7 @@ def test_separate_prompts(tmp_path):
     md = (tmp_path / "out" / "bench.md").read_text()
     assert md.startswith("separate prompts: B agents, each its own P-token prompt")
     assert "| kv | flags | prefix | agents |" in md
-    assert "| q8_0/q8_0 | -ub 256 | 1000 | 4 | 900.00 | 90.00 | 0.900 |" in md
+    assert "| q8_0/q8_0 | -ub 256 | 1000 | 4 | 900.00 | 90.00 | 0.900 | 0.900 | 1.000 |" in md
     assert (tmp_path / "out" / "q8_0-q8_0-p1000-ub_256.log").is_file()
 
 
@@ -140,8 +145,8 @@ def test_rounds_medians_and_ratio_range(tmp_path, monkeypatch):
     assert agents.AgentsResult.from_dict(saved).as_dict() == saved
     md = (tmp_path / "out" / "bench.md").read_text().splitlines()
     assert "3 rounds, KV pairs in alternating order" in md[0]
-    assert md[2] == "| kv | prefix | agents | prompt t/s | decode t/s | ratio | ratio range |"
-    assert "| q8_0/q8_0 | 1000 | 4 | 900.00 | 180.00 | 0.900 | 0.750-0.900 |" in md
+    assert md[2] == "| kv | prefix | agents | prompt t/s | decode t/s | prompt ratio | ratio | ratio range | vs baseline |"
+    assert "| q8_0/q8_0 | 1000 | 4 | 900.00 | 180.00 | 0.900 | 0.900 | 0.750-0.900 | 1.000 |" in md
     assert sorted(p.name for p in (tmp_path / "out").glob("q8_0*.log")) == [
         f"q8_0-q8_0-p1000-r{n}.log" for n in (1, 2, 3)]
     with pytest.raises(BadInput, match="--rounds: at least one round"):
@@ -151,7 +156,7 @@ def test_rounds_medians_and_ratio_range(tmp_path, monkeypatch):
 def test_a_one_token_prefix(tmp_path):
     """P = 1 is also the drain's length: P's lines are the first of the two."""
     result, calls = _run(tmp_path, kv=["f16/f16"], prefixes=[1])
-    assert "-npp 1,1 " in calls[0] and [r.agents for r in result.rows] == [1, 4, 8]
+    assert "-npp 1,1 " in calls[0] and [r.agents for r in result.rows if r.kv == "f16/f16"] == [1, 4, 8]
 
 
 def test_a_skipped_b_is_an_error(tmp_path):
@@ -180,7 +185,7 @@ def test_run_agents_builds_llama_batched_bench(proj, monkeypatch):
         return type("Built", (), {"manifest": builder.read_manifest(build_dir)})
 
     result = pipeline.run_agents(proj.chain(), _spec(kv=["f16/f16"], prefixes=[1000]), model="any", build_fn=build_fn)
-    assert built == [("llama-batched-bench",)] and result.build == "cpu-fake" and len(result.rows) == 3
+    assert built == [("llama-batched-bench",)] and result.build == "cpu-fake" and len(result.rows) == 2 * 3
     assert "llama-batched-bench" in builder.DEFAULT_TARGETS
     assert result.files["json"].startswith(str(build_dir / "bench"))
 
@@ -259,3 +264,21 @@ def test_real_agents_shared_prefix_masks(real_build, tmp_path):
     rows = json.loads(done.stdout)["rows"]
     assert {(r["kv"], r["agents"]) for r in rows} == {(kv, b) for kv in ("f16/f16", "turbo3/turbo3") for b in (1, 2, 4, 8)}
     assert all(r["decode_ts"] > 0 for r in rows)
+
+
+def test_bandwidth_fraction(tmp_path):
+    """With a bandwidth: each row's bytes per decode step (the GGUF, and the cells at the step's mean fill, the
+    shared prefix once) over the step's time, as a fraction of the bandwidth."""
+    result, _ = _run(tmp_path, kv=["f16/f16", "q8_0/turbo3"], agents=[4], prefixes=[1000], bandwidth=2)
+    weights = (tmp_path / "m.gguf").stat().st_size
+    cell_f16 = 16 * 8 * 128 * 2 * 2  # LLAMA_META: 16 layers, 8 KV heads of 128, K and V
+    f16 = _row(result, "f16/f16", 1000, 4)
+    nbytes = weights + (1000 + 4 * 15 / 2) * cell_f16
+    assert f16.bytes_per_step == round(nbytes)
+    assert f16.bandwidth_fraction == pytest.approx(nbytes / (f16.decode_s / 16) / 2e9, abs=1e-4)
+    turbo = _row(result, "q8_0/turbo3", 1000, 4)
+    assert turbo.bytes_per_step < f16.bytes_per_step
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert "bandwidth 2 GB/s (given)" in md and "| GB/step | of bandwidth |" in md
+    saved = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert saved["bandwidth"]["given"] is True and agents.AgentsResult.from_dict(saved).as_dict() == saved

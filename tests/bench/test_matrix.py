@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from buildkit import FAKE_BENCH, real_build, run_pf, write_script  # noqa: F401 (fixture)
+from buildkit import FAKE_BENCH, LLAMA_META, real_build, run_pf, write_gguf_header, write_script  # noqa: F401 (fixture)
 from conftest import ROOT, assert_clean_error, run_cli
 from polyforge.bench import matrix as bench
 from polyforge.errors import BadInput, VerificationFailed
@@ -23,16 +23,21 @@ def _spec(**kw):
     ({"kv": ["q8_0"]}, "not a K/V type pair"), ({"kv": []}, "at least one"), ({"depths": [-1]}, "non-negative"),
     ({"repetitions": 0}, "-r must be"), ({"prompts": [0], "n_gen": 0}, "-p or -n"), ({"prompts": [64, -1]}, "-p or -n"),
     ({"flag_sets": ["-fa '1"]}, "--flags"),
-    ({"bandwidth_gbps": 0}, "--bandwidth takes a positive"),
+    ({"bandwidth": 0}, "--bandwidth 0: give auto, off or a positive"),
+    ({"bandwidth": "fast"}, "--bandwidth fast: give auto"), ({"baseline": "q8_0"}, "--baseline q8_0: not a K/V"),
 ])
 def test_spec_validation(kw, fragment):
     with pytest.raises(BadInput, match=fragment):
         _spec(**kw)
 
 
-def test_reference_is_always_measured():
+def test_reference_and_baseline_are_always_measured():
     spec = _spec(kv=["q8_0/q8_0"], reference="f16/f16")
     assert spec.kv == ("f16/f16", "q8_0/q8_0") and spec.reference == "f16/f16"
+    spec = _spec(kv=["turbo3/turbo3"], reference="f16/f16")
+    assert spec.kv == ("f16/f16", "q8_0/q8_0", "turbo3/turbo3") and spec.baseline == "q8_0/q8_0"
+    assert _spec(bandwidth="auto").bandwidth == "auto" and _spec(bandwidth="off").bandwidth is None
+    assert _spec(bandwidth="3350").bandwidth == 3350.0
 
 
 def test_matrix_ratios_markdown_and_plot(tmp_path):
@@ -50,16 +55,21 @@ def test_matrix_ratios_markdown_and_plot(tmp_path):
     assert row("q8_0/q8_0", "-fa 1", "tg16", 1000).ratio == pytest.approx(0.9)
     assert row("q4_0/q4_0", "-fa 0", "pp64", 0).ratio == pytest.approx(0.8)
     assert row("q8_0/q8_0", "-fa 1", "tg16", 0).avg_ts == pytest.approx(135.0)
+    # the baseline column: each pair against q8_0/q8_0 of the same run
+    assert row("q8_0/q8_0", "-fa 1", "tg16", 1000).baseline_ratio == 1.0
+    assert row("q4_0/q4_0", "-fa 0", "pp64", 0).baseline_ratio == pytest.approx(0.8 / 0.9, abs=1e-4)
+    assert row("f16/f16", "-fa 0", "tg16", 0).baseline_ratio == pytest.approx(1 / 0.9, abs=1e-4)
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert saved["rows"] == [r.as_dict() for r in rows] and saved["reference"] == "f16/f16"
-    # bench.json: the result before its files were written; no roofline keys without --bandwidth
-    assert list(saved) == ["reference", "bandwidth_gbps", "spec", "model", "rows", "seconds"]
+    # bench.json: the result before its files were written; no roofline keys without a bandwidth
+    assert list(saved) == ["reference", "baseline", "bandwidth", "spec", "model", "rows", "seconds"]
+    assert saved["bandwidth"] is None
     assert list(saved["rows"][0]) == ["kv", "flags", "test", "depth", "avg_ts", "stddev_ts", "samples", "n_gen",
-                                      "model_size", "ratio"]
+                                      "model_size", "ratio", "baseline_ratio"]
     assert bench.BenchResult.from_dict(saved).as_dict() == saved
     assert set(result.files) == {"json", "markdown", "png"} and result.as_dict()["files"] == result.files
     md = (tmp_path / "out" / "bench.md").read_text()
-    assert "| q8_0/q8_0 | -fa 1 | tg16 | 1000 |" in md and "0.900" in md
+    assert "| q8_0/q8_0 | -fa 1 | tg16 | 1000 |" in md and "0.900 | 1.000 |" in md
     png = tmp_path / "out" / "decode_vs_depth.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -89,32 +99,9 @@ def test_bench_json_before_prompt_lists_still_reads():
     assert bench.BenchResult.from_dict(saved).spec.prompts == (512,)
 
 
-def _gguf(path, kv: dict) -> None:
-    """A GGUF header with the given metadata (ints as u32, lists as arrays of u32, strings) and no tensors."""
-    import struct
-    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv)))
-    s = lambda t: struct.pack("<Q", len(t.encode())) + t.encode()  # noqa: E731
-    for key, value in kv.items():
-        out += s(key)
-        if isinstance(value, str):
-            out += struct.pack("<I", 8) + s(value)
-        elif isinstance(value, list) and value and isinstance(value[0], str):
-            out += struct.pack("<IIQ", 9, 8, len(value)) + b"".join(s(v) for v in value)
-        elif isinstance(value, list):
-            out += struct.pack("<IIQ", 9, 4, len(value)) + b"".join(struct.pack("<I", v) for v in value)
-        else:
-            out += struct.pack("<II", 4, value)
-    path.write_bytes(bytes(out))
-
-
-LLAMA = {"general.architecture": "llama", "llama.block_count": 16, "llama.embedding_length": 2048,
-         "llama.attention.head_count": 16, "llama.attention.head_count_kv": 8,
-         "tokenizer.ggml.tokens": ["tok"] * 2000}  # longer than MAX_ARRAY: skipped, kept as its length
-
-
 def test_gguf_metadata_and_kv_shape(tmp_path):
     from polyforge.models.gguf import read_metadata
-    _gguf(tmp_path / "m.gguf", {**LLAMA, "tokenizer.ggml.tokens": 0})
+    write_gguf_header(tmp_path / "m.gguf", {**LLAMA_META, "tokenizer.ggml.tokens": 0})
     meta = read_metadata(tmp_path / "m.gguf")
     assert meta["llama.block_count"] == 16 and meta["general.architecture"] == "llama"
     shape = bench.kv_shape(meta)
@@ -131,7 +118,7 @@ def test_gguf_metadata_and_kv_shape(tmp_path):
     ({"llama.attention.head_count_kv": [8, 8]}, "2 entries for 16 layers"),
 ])
 def test_kv_shape_refusals(change, fragment):
-    meta = {k: v for k, v in {**LLAMA, **change}.items() if v is not None}
+    meta = {k: v for k, v in {**LLAMA_META, **change}.items() if v is not None}
     with pytest.raises(BadInput, match=fragment):
         bench.kv_shape(meta)
 
@@ -148,8 +135,8 @@ def test_not_a_gguf(tmp_path):
 
 def test_roofline_columns(tmp_path):
     exe = write_script(tmp_path / "llama-bench", FAKE_BENCH)
-    _gguf(tmp_path / "m.gguf", LLAMA)
-    result = bench.run(exe, tmp_path / "m.gguf", _spec(kv=["f16/f16,q8_0/q8_0"], prompts=[0], bandwidth_gbps=4000),
+    write_gguf_header(tmp_path / "m.gguf", LLAMA_META)
+    result = bench.run(exe, tmp_path / "m.gguf", _spec(kv=["f16/f16,q8_0/q8_0"], prompts=[0], bandwidth=4000),
                        tmp_path / "out")
     row = next(r for r in result.rows if (r.kv, r.depth) == ("q8_0/q8_0", 1000))
     nbytes = 2e9 + (1000 + 7.5) * 16 * 8 * 256 * 34 / 32  # weights + KV at the mean depth of tg16
@@ -157,11 +144,24 @@ def test_roofline_columns(tmp_path):
     assert row.roofline_ts == pytest.approx(4000e9 / nbytes, abs=0.1)
     assert row.roofline_fraction == pytest.approx(row.avg_ts / row.roofline_ts, abs=1e-4)
     assert list(row.as_dict())[-3:] == ["bytes_per_token", "roofline_ts", "roofline_fraction"]
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["bandwidth"]["reference_gbps"] == 4000
     md = (tmp_path / "out" / "bench.md").read_text()
-    assert "roofline at 4000 GB/s" in md and "| of roofline |" in md and f"{row.roofline_fraction:.0%} |" in md
-    with pytest.raises(BadInput, match="no size known for KV type q3_k"):  # refused before any run
-        bench.run(exe, tmp_path / "m.gguf", _spec(kv=["q3_k/q3_k"], bandwidth_gbps=4000), tmp_path / "out2")
+    assert "roofline at 4000 GB/s (given)" in md and "| of bandwidth |" in md and f"{row.roofline_fraction:.0%} |" in md
+    with pytest.raises(BadInput, match="no size known for KV type q3_k"):  # a given figure: refused before any run
+        bench.run(exe, tmp_path / "m.gguf", _spec(kv=["q3_k/q3_k"], bandwidth=4000), tmp_path / "out2")
     assert not (tmp_path / "out2").exists()
+    # a measured bandwidth on a pair or model with no modelled bytes: the runs go on, without rooflines
+    measured = bench.MemoryBandwidth("GPU", 3352.3, 2900.0)
+    logged = []
+    write_gguf_header(tmp_path / "swa.gguf", {**LLAMA_META, "llama.attention.sliding_window": 4096})
+    result = bench.run(exe, tmp_path / "swa.gguf", _spec(kv=["f16/f16"]), tmp_path / "out3", bandwidth=measured,
+                       log=logged.append)
+    assert result.bandwidth is None and all(r.roofline_fraction is None for r in result.rows)
+    assert any(m.startswith("no rooflines: roofline: llama has sliding-window layers") for m in logged)
+    result = bench.run(exe, tmp_path / "m.gguf", _spec(kv=["f16/f16"], prompts=[0]), tmp_path / "out4",
+                       bandwidth=measured)
+    row = next(r for r in result.rows if r.kv == "f16/f16" and r.depth == 0)
+    assert row.roofline_ts == pytest.approx(3352.3e9 / row.bytes_per_token, abs=0.1)  # the peak, not the copy rate
 
 
 def test_failing_llama_bench(tmp_path):
@@ -172,7 +172,7 @@ def test_failing_llama_bench(tmp_path):
 
 def test_bench_cli_bad_input(proj):
     assert_clean_error(run_cli("bench", "--kv", "q8_0", cwd=proj.root), 2, "not a K/V type pair")
-    assert_clean_error(run_cli("bench", "--bandwidth", "-1", cwd=proj.root), 2, "--bandwidth takes a positive")
+    assert_clean_error(run_cli("bench", "--bandwidth", "-1", cwd=proj.root), 2, "--bandwidth -1: give auto, off or a")
     assert_clean_error(run_cli("bench", "-p", "64,1k", cwd=proj.root), 2, "-p 64,1k: not a comma-separated list")
     assert_clean_error(run_cli("bench", "-p", "0", "-n", "0", cwd=proj.root), 2, "-p or -n must be > 0")
 
@@ -211,18 +211,19 @@ def test_real_bench_roofline(real_build, tmp_path):
     assert f16["model_size"] == turbo["model_size"] > 0
     assert f16["bytes_per_token"] - turbo["bytes_per_token"] == pytest.approx(kv_f16 - kv_turbo, abs=1)
     assert 0 < f16["roofline_fraction"] == pytest.approx(f16["avg_ts"] / f16["roofline_ts"], abs=1e-3)
-    assert "| of roofline |" in (tmp_path / "bench.md").read_text()
+    assert "| of bandwidth |" in (tmp_path / "bench.md").read_text()
 
 
 def test_markdown_columns():
-    """The table comes from COLUMNS; the roofline's three only with --bandwidth."""
-    rows = [bench.BenchRow("f16/f16", "", "tg16", 0, 100.0, 1.5, 2, 16, 2_000_000_000, 1.0, 2_000_000_000, 50.0, 2.0),
-            bench.BenchRow("q8_0/q8_0", "-fa 1", "pp64", 0, 320.0, 1.5, 2, 0, 2_000_000_000, 0.8)]
-    md = bench.markdown(bench.BenchResult(_spec(bandwidth_gbps=100), "m.gguf", rows, 1.0))
+    """The table comes from COLUMNS; the roofline's three only with a bandwidth."""
+    rows = [bench.BenchRow("f16/f16", "", "tg16", 0, 100.0, 1.5, 2, 16, 2_000_000_000, ratio=1.0, baseline_ratio=1.25,
+                           bytes_per_token=2_000_000_000, roofline_ts=50.0, roofline_fraction=2.0),
+            bench.BenchRow("q8_0/q8_0", "-fa 1", "pp64", 0, 320.0, 1.5, 2, 0, 2_000_000_000, ratio=0.8)]
+    md = bench.markdown(bench.BenchResult(_spec(), "m.gguf", rows, 1.0, bandwidth=bench.MemoryBandwidth.of(100)))
     assert md.splitlines()[2:] == [
-        "| kv | flags | test | depth | t/s | ± | ratio | GB/token | roofline t/s | of roofline |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        "| f16/f16 | - | tg16 | 0 | 100.00 | 1.50 | 1.000 | 2.00 | 50 | 200% |",
-        "| q8_0/q8_0 | -fa 1 | pp64 | 0 | 320.00 | 1.50 | 0.800 | - | - | - |"]
+        "| kv | flags | test | depth | t/s | ± | ratio | vs baseline | GB/token | roofline t/s | of bandwidth |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| f16/f16 | - | tg16 | 0 | 100.00 | 1.50 | 1.000 | 1.250 | 2.00 | 50 | 200% |",
+        "| q8_0/q8_0 | -fa 1 | pp64 | 0 | 320.00 | 1.50 | 0.800 | - | - | - | - |"]
     plain = bench.markdown(bench.BenchResult(_spec(), "m.gguf", rows, 1.0))
-    assert plain.splitlines()[2] == "| kv | flags | test | depth | t/s | ± | ratio |"
+    assert plain.splitlines()[2] == "| kv | flags | test | depth | t/s | ± | ratio | vs baseline |"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 
+from buildkit import closed_url, redis_url  # noqa: F401 - fixtures
 from conftest import run_cli
 from polyforge.build import doctor
+from polyforge.build import remote_cache
 from polyforge.build import toolchain
 from polyforge.gates import GATE_MODULES
 
@@ -17,7 +19,7 @@ def _by_name(checks):
 
 def test_checks_on_this_machine(tmp_path):
     checks = _by_name(doctor.checks(tmp_path))
-    assert set(checks) == {"python", "cmake", "ninja", "c++ compiler", "c compiler", "nvcc", "cublas", "gpu", "ccache",
+    assert set(checks) == {"python", "cmake", "ninja", "c++ compiler", "c compiler", "nvcc", "cublas", "gpu", "ccache", "remote cache",
                            "disk"} | {f"python module {m}" for m in GATE_MODULES}
     assert checks["python"].ok and checks["cmake"].ok and checks["ninja"].ok
     assert "cmake version" in checks["cmake"].detail
@@ -61,3 +63,17 @@ def test_doctor_cli_lists_the_gate_modules(tmp_path):
     done = run_cli("doctor", cwd=tmp_path)
     for module in GATE_MODULES:
         assert f"python module {module}" in done.stderr
+
+
+def test_doctor_reports_the_remote(monkeypatch, redis_url, closed_url, tmp_path):
+    monkeypatch.delenv(remote_cache.ENV_VAR, raising=False)
+    assert doctor.remote_cache_check(None).ok and "none configured" in doctor.remote_cache_check(None).detail
+    monkeypatch.setenv(remote_cache.ENV_VAR, redis_url)
+    check = doctor.remote_cache_check(tmp_path / "build.yaml")
+    assert check.ok and "answers" in check.detail and not check.required
+    monkeypatch.setenv(remote_cache.ENV_VAR, closed_url)
+    check = doctor.remote_cache_check(tmp_path / "build.yaml")
+    assert not check.ok and "cannot reach" in check.detail and check.fix
+    done = run_cli("doctor", "--json", cwd=tmp_path, env={remote_cache.ENV_VAR: closed_url})
+    row = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "remote cache"]
+    assert row and row[0]["ok"] is False and row[0]["required"] is False
