@@ -243,8 +243,9 @@ def add_speed(rows: list[KldRow], bench_bin: Path, model: Path, spec: KldSpec, o
     """Decode t/s of each pair at spec.depths: the llama-bench matrix (matrix.run), one pair at a time."""
     for i, r in enumerate(rows):
         step(i, f"{r.kv}: decode speed")
-        bench_spec = matrix.BenchSpec.make([r.kv], None, list(spec.depths), ["-fa 1"], [0], spec.n_gen,
-                                           spec.repetitions)
+        # the pair as its own reference and baseline: one llama-bench run, nothing else measured
+        bench_spec = matrix.BenchSpec.make([r.kv], r.kv, list(spec.depths), ["-fa 1"], [0], spec.n_gen,
+                                           spec.repetitions, None, baseline=r.kv)
         measured = matrix.run(bench_bin, model, bench_spec, out_dir / r.kv.replace("/", "-"), log=log)
         r.decode_ts = {str(b.depth): round(b.avg_ts, 2) for b in measured.rows if b.test.startswith("tg")}
 
