@@ -4,6 +4,7 @@ against a fake llama-perplexity, the CLI's bad input; the real run on SmolLM2 is
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +234,19 @@ def test_real_bench_kld_on_smollm2(real_build, tmp_path):
     not_gguf.write_text("not a model")
     assert_clean_error(run_pf("bench", "--kld", "--build", real_build.key, "-m", str(not_gguf), cwd=ROOT), 2,
                        "not a GGUF file")
+
+
+def test_run_kld_through_the_pipeline_on_an_existing_build(proj, tmp_path):
+    """--build KEY and a GGUF path: llama-perplexity (and llama-bench with depths) of that build, the
+    model used where it lies, the result under build/KEY/bench/ with the key."""
+    from buildkit import fake_build
+    from polyforge import pipeline
+    build_dir = fake_build(proj.root, "cpu-fake", {"llama-perplexity": FAKE_PERPLEXITY, "llama-bench": FAKE_BENCH})
+    _, model = _fake(tmp_path)
+    (build_dir / "bin" / "llama-perplexity.help").write_text((tmp_path / "llama-perplexity.help").read_text())
+    spec = kld.KldSpec.make(["q8_0/q4_0"], None, 512, 1, None, [0], n_gen=4, repetitions=1)
+    result = pipeline.run_kld(proj.chain(), spec, model=str(model), build_key="cpu-f",
+                              build_fn=lambda chain, options: pytest.fail("--build builds nothing"))
+    assert result.build == "cpu-fake" and [r.kv for r in result.rows] == ["f16/f16", "q8_0/q4_0"]
+    assert result.rows[1].decode_ts == {"0": 135.0} and result.model == str(model.resolve())
+    assert Path(result.files["json"]).parent.parent == build_dir / "bench"
