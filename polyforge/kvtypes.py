@@ -20,3 +20,17 @@ def kv_pair(text: object) -> tuple[str, str] | None:
     'q8_0/q4_0\\n' matched and its newline reached llama's argument list."""
     m = _KV_PAIR.fullmatch(text) if isinstance(text, str) else None
     return (m.group(1), m.group(2)) if m else None
+
+# the one table of bits per element: upstream's KV types and the chain's
+KV_BITS = {**UPSTREAM_BITS, **CHAIN_BITS}
+
+
+def bits_per_pair(pair: str) -> float | None:
+    """K + V bits per cached element ('q8_0/q4_0' -> 13.0); None for a type the table lacks."""
+    k, v = pair.split("/")
+    return KV_BITS[k] + KV_BITS[v] if k in KV_BITS and v in KV_BITS else None
+
+
+def dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    """a is no worse than b in every metric (lower is better) and better in one."""
+    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))

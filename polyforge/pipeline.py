@@ -12,6 +12,7 @@ from typing import Callable
 
 from polyforge.bench import agents as agents_lib
 from polyforge.bench import bandwidth as bandwidth_lib
+from polyforge.bench import kld as kld_lib
 from polyforge.bench import matrix as bench_lib
 from polyforge.build import builder as build_lib
 from polyforge.models import registry as models_lib
@@ -102,25 +103,40 @@ def run_agents(chain: Chain, spec: agents_lib.AgentsSpec, *, model: str, **kw) -
     return _measure(chain, agents_lib.TOOL, agents_lib.run, spec, model=model, **kw)
 
 
-def _measure(chain: Chain, tool: str, run: Callable, spec, *, model: str, options: build_lib.BuildOptions | None = None,
-             build_key: str | None = None, out_dir: Path | None = None, log: Log = _quiet,
-             build_fn: BuildFn = default_build, find_links: Path | None = None):
-    """What run_bench and run_agents share: the tool's build, the model, run(exe, model, spec, out_dir)."""
+def run_kld(chain: Chain, spec: kld_lib.KldSpec, *, model: str, progress: kld_lib.Progress | None = None,
+            **kw) -> kld_lib.KldResult:
+    """bench --kld, with run_bench's keywords: build llama-perplexity (and llama-bench for depths),
+    take the model (registered or a GGUF path), measure each K/V pair into out_dir."""
+    tools = ("llama-perplexity", "llama-bench") if spec.depths else ("llama-perplexity",)
+
+    def run(perplexity_bin, *rest, bandwidth, log):
+        bench_bin, (model_path, _, out_dir) = (rest[0], rest[1:]) if spec.depths else (None, rest)
+        return kld_lib.run(perplexity_bin, bench_bin, model_path, spec, out_dir, log=log,
+                           **({"progress": progress} if progress else {}))
+    return _measure(chain, tools, run, spec, model=model, **kw)
+
+
+def _measure(chain: Chain, tools: str | tuple[str, ...], run: Callable, spec, *, model: str,
+             options: build_lib.BuildOptions | None = None, build_key: str | None = None, out_dir: Path | None = None,
+             log: Log = _quiet, build_fn: BuildFn = default_build, find_links: Path | None = None):
+    """What the bench modes share: the tools' build, the model (registered, or a GGUF file's path),
+    run(*exes, model, spec, out_dir, log=log)."""
+    tools = (tools,) if isinstance(tools, str) else tools
     project = chain.project
     if build_key is not None:
         manifest = build_lib.find_build(project.build_root, build_key)
     else:
         options = options or build_lib.BuildOptions()
-        manifest = build_fn(chain, replace(options, targets=(tool,))).manifest
-    exe = manifest.binary(tool)
-    fetched = models_lib.fetch(model, find_links=find_links, vendored_tree=chain.tree.path)
+        manifest = build_fn(chain, replace(options, targets=tools)).manifest
+    exes = [manifest.binary(tool) for tool in tools]
+    fetched = models_lib.fetch_or_local(model, find_links=find_links, vendored_tree=chain.tree.path)
     log(f"model {model}: {'cached' if fetched.cached else 'fetched'} {fetched.path}")
     out_dir = out_dir or manifest.build_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
     bandwidth = None
-    if spec.bandwidth == "auto":
+    if getattr(spec, "bandwidth", None) == "auto":  # the matrix and agents specs; bench --kld has none
         bandwidth = bandwidth_lib.measure(cuda=manifest.cuda, work_dir=manifest.build_dir / "probes")
         log(f"memory bandwidth: {bandwidth.describe()}")
-    result = run(exe, fetched.path, spec, out_dir, bandwidth=bandwidth, log=log)
+    result = run(*exes, fetched.path, spec, out_dir, bandwidth=bandwidth, log=log)
     result.build = manifest.key
     return result
 

@@ -114,7 +114,7 @@ def test_run_bench_on_an_existing_build(tiny, monkeypatch):
     model = tiny.root / "m.gguf"
     model.write_bytes(b"GGUF")
     fetched = type("Fetched", (), {"path": model, "cached": True})
-    monkeypatch.setattr(pipeline.models_lib, "fetch", lambda name, **kw: fetched)
+    monkeypatch.setattr(pipeline.models_lib, "fetch_or_local", lambda name, **kw: fetched)
     spec = bench_lib.BenchSpec.make(["f16/f16,q8_0/q8_0"], None, [0], None, [0], 8, 1)
     result = pipeline.run_bench(tiny.chain(), spec, model="any", build_key="cpu-f",
                                 build_fn=lambda chain, options: pytest.fail("--build builds nothing"))

@@ -54,7 +54,7 @@ from polyforge import proc
 from polyforge.bench.bandwidth import MemoryBandwidth
 from polyforge.errors import BadInput, EnvironmentProblem, VerificationFailed
 from polyforge.models.gguf import read_metadata
-from polyforge.kvtypes import CHAIN_BITS, UPSTREAM_BITS, kv_pair
+from polyforge.kvtypes import KV_BITS, kv_pair
 
 OPTIONAL = {"optional": True}  # BenchRow field metadata: left out of as_dict while None
 
@@ -346,9 +346,6 @@ def add_ratios(rows: list, reference: str, key: Callable[[Any], tuple] = lambda 
         setattr(r, attr, round(value(r) / base, 4) if base else None)
 
 
-KV_BITS = {**UPSTREAM_BITS, **CHAIN_BITS}
-
-
 @dataclass(frozen=True)
 class KvShape:
     """What one cached token costs per layer: K and V values of every KV head."""
@@ -455,6 +452,17 @@ def markdown(result: BenchResult) -> str:
     return "\n".join([title, "", *table(COLUMNS, result, rows)]) + "\n"
 
 
+def pyplot():
+    """matplotlib.pyplot drawing to files (Agg), or EnvironmentProblem without the bench extra."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EnvironmentProblem("the PNG plot needs matplotlib", hint="pip install 'polyforge[bench]'") from None
+    return plt
+
+
 Series = dict[str, list[tuple]]  # a line's label -> its points: (x, y) or (x, y, error)
 
 
@@ -462,12 +470,7 @@ def line_plot(path: Path, panels: dict[str, Series], *, title: str, xlabel: str,
               xticks: list[int] | None = None) -> None:
     """One panel per entry (side by side, sharing the y axis), one line per series; with xticks a
     log2 x axis labelled at those values. One panel takes the title; several are titled by key."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise EnvironmentProblem("the PNG plot needs matplotlib", hint="pip install 'polyforge[bench]'") from None
+    plt = pyplot()
     ncols = min(len(panels), 3)
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(7, 4.5) if len(panels) == 1 else (4.8 * ncols, 4 * nrows + 0.5),

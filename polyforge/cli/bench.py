@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import List, Optional
 
@@ -11,13 +12,24 @@ from ..console import err
 from ..errors import BadInput
 from ..project import find_project
 from . import app
-from .render import build_with_progress, emit_json, say
+from .render import build_with_progress, emit_json, say, step_progress
 
 
 @app.command()
 def bench(
-    model: str = typer.Option("gemma3-270m", "--model", "-m", help="A model name (polyforge models list) or random:SHAPE."),
-    kv: List[str] = typer.Option(["f16/f16,q8_0/q8_0,q4_0/q4_0"], "--kv", help="K/V pairs, comma-separated or repeated."),
+    model: str = typer.Option("gemma3-270m", "--model", "-m", help="A model name (polyforge models list), "
+                              "random:SHAPE, or a GGUF file's path."),
+    kv: Optional[List[str]] = typer.Option(None, "--kv", help="K/V pairs, comma-separated or repeated (default "
+                                           "f16/f16,q8_0/q8_0,q4_0/q4_0; with --kld every pair the build supports)."),
+    kld: bool = typer.Option(False, "--kld", help="Which K/V types for this model: KL divergence to f16/f16 over a "
+                             "text, top-1 agreement and bits per pair (decode t/s too with --depth or --cuda), "
+                             "the Pareto front and the cheapest pair within a KLD bound."),
+    text: Optional[str] = typer.Option(None, "--text", help="With --kld: the text (default: polyforge's bundled "
+                                       "one, about 2,000 tokens)."),
+    max_kld: Optional[float] = typer.Option(None, "--max-kld", help="With --kld: the KLD bound of the "
+                                            "recommendation (default: q8_0/q4_0's on this model)."),
+    ctx: int = typer.Option(512, "--ctx", help="With --kld: the context (chunk) size."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="With --kld: at most this many chunks of the text."),
     reference: Optional[str] = typer.Option(None, "--ref", help="Reference K/V pair for ratios (default: the first)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A second pair every row is also compared "
                                            "with, measured in the same run (default q8_0/q8_0): what a user would "
@@ -47,12 +59,47 @@ def bench(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """A llama-bench matrix: KV types x depths x flags; JSON, markdown, ratios, PNG (and rooflines).
-    With --agents: B agents sharing a P-token prefix (llama-batched-bench), decode t/s per KV pair."""
+    With --agents: B agents sharing a P-token prefix (llama-batched-bench), decode t/s per KV pair.
+    With --kld: KL divergence, top-1 agreement and bits of each K/V pair, and the pair to use."""
     from polyforge import pipeline
     from polyforge.bench import agents as agents_lib
+    from polyforge.bench import kld as kld_lib
     from polyforge.bench import matrix as bench_lib
     from polyforge.build import builder as build_lib
     from polyforge.chain.engine import Chain
+    kld_only = {"--text": text, "--max-kld": max_kld, "--chunks": chunks, "--ctx": None if ctx == 512 else ctx}
+    if not kld:
+        for option, value in kld_only.items():
+            if value is not None:
+                raise BadInput(f"{option} goes with --kld")
+    if kld:
+        if agents is not None or prefix is not None or separate or rounds != 1 or bandwidth != "auto" \
+                or prompts is not None or reference is not None or baseline is not None:
+            raise BadInput("--kld measures against f16/f16 and takes no --agents, --prefix, --separate, --rounds, "
+                           "--bandwidth, -p, --ref or --baseline")
+        if flags is not None and len(flags) > 1:
+            raise BadInput("--kld takes one --flags (more llama-perplexity arguments)")
+        try:
+            perplexity_flags = shlex.split(flags[0]) if flags else []
+        except ValueError as exc:
+            raise BadInput(f"--flags {flags[0]!r}: {exc}") from None
+        depths = bench_lib.int_list("0,512" if depth is None and cuda else depth or "", "--depth")
+        spec = kld_lib.KldSpec.make(kv, text, ctx, chunks, max_kld, depths, n_gen,
+                                    2 if repetitions is None else repetitions, perplexity_flags)
+        chain = Chain(find_project())
+        with step_progress(quiet=json_out) as on_progress:
+            result = pipeline.run_kld(chain, spec, model=model, build_key=build_key,
+                                      options=None if build_key else build_lib.BuildOptions.make(cuda=cuda, arch=arch),
+                                      out_dir=Path(out) if out else None, log=lambda m: None,
+                                      build_fn=build_with_progress(quiet=json_out),
+                                      find_links=Path(find_links) if find_links else None, progress=on_progress)
+        if json_out:
+            emit_json(result.as_dict())
+            return
+        err.print(kld_lib.markdown(result), markup=False)
+        say(f"[green]ok[/] {len(result.rows)} K/V pairs in {result.seconds} s; " + ", ".join(result.files.values()))
+        return
+    kv = kv or ["f16/f16,q8_0/q8_0,q4_0/q4_0"]
     if agents is not None:
         matrix_only = {"--depth": depth, "-p": prompts, "-r": repetitions}
         for option, value in matrix_only.items():

@@ -6,7 +6,7 @@ import json
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -73,6 +73,24 @@ def build_with_progress(quiet: bool) -> BuildFn:
             say(f"compiler cache: {escape(result.cache.summary())}")
         return result
     return build
+
+
+@contextmanager
+def step_progress(quiet: bool) -> Iterator[Callable[[int, int, str], None]]:
+    """A progress bar on stderr over a run's steps: yields on_progress(done, total, what); without a
+    terminal, a line per step (quiet: nothing)."""
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("[dim]{task.fields[what]}"), console=err, transient=True,
+                   disable=quiet or not err.is_terminal)
+    task = bar.add_task("measuring", total=None, what="")
+
+    def on_progress(done: int, total: int, what: str) -> None:
+        bar.update(task, completed=done, total=total, what=what[-60:])
+        if not err.is_terminal and not quiet and done < total:
+            say(escape(f"  [{done + 1}/{total}] {what[:100]}"))
+
+    with bar:
+        yield on_progress
 
 
 def build_and_model_args(*, cuda: bool, arch: Optional[str], jobs: Optional[int], find_links: Optional[str],

@@ -11,14 +11,14 @@ and "base": ppl, kv_mib, tokens.
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Callable
 
 from .. import schema
 from ..errors import BadInput, VerificationFailed
 from ._common import need_model, run_logged
-from ..kvtypes import CHAIN_BITS, UPSTREAM_BITS, kv_pair
+from ..kvtypes import bits_per_pair, kv_pair
 
-# the one table of bits per element (kvtypes): upstream's KV types and the chain's
-BITS = {**UPSTREAM_BITS, **CHAIN_BITS}
 _FLOAT = r"([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 _PATTERNS = {
     "kld_mean": re.compile(r"^Mean\s+KLD:\s+" + _FLOAT, re.M),
@@ -68,50 +68,63 @@ def parse_kld(text: str) -> dict:
     return out
 
 
-def bits_per_pair(pair: str) -> float | None:
+def common_args(model, ctx: int, chunks: int | None, flags: list) -> list:
+    """The arguments every llama-perplexity run of one measurement shares; -lv 4: llama's own info
+    lines (the KV cache size) are below the default verbosity."""
+    return ["-m", model, "-c", str(ctx), "-lv", "4"] + (["--chunks", str(chunks)] if chunks else []) + list(flags)
+
+
+def save_base(exe, common: list, text, base: str, base_file: Path, log: Path, timeout: float, *,
+              env: dict | None = None, on_failure: Callable = lambda done: None) -> dict:
+    """llama-perplexity --kl-divergence-base with the base pair's KV types: the base's logits in
+    base_file; its ppl, kv_mib and bits_per_pair."""
+    bk, bv = base.split("/")
+    done = run_logged([exe, *common, "-f", text, "-ctk", bk, "-ctv", bv, "--kl-divergence-base", base_file],
+                      log, timeout, env=env)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        on_failure(done)
+    if done.returncode != 0 or not Path(base_file).is_file():
+        raise VerificationFailed(f"llama-perplexity (base {base}) failed with exit {done.returncode}: "
+                                 f"{_last_error(output)} (log: {log})")
+    final = _FINAL_PPL.search(output)
+    return {"ppl": float(final.group(1)) if final else None, "kv_mib": kv_mib(output),
+            "bits_per_pair": bits_per_pair(base)}
+
+
+def measure_pair(exe, common: list, pair: str, base_file: Path, log: Path, timeout: float, *,
+                 env: dict | None = None, on_failure: Callable = lambda done: None) -> dict:
+    """llama-perplexity --kl-divergence with the pair's KV types against the base's logits: the
+    pair's metrics (kld_mean, kld_p99, kld_max, top1, ppl, kv_mib, bits_per_pair; those found)."""
     k, v = pair.split("/")
-    return BITS[k] + BITS[v] if k in BITS and v in BITS else None
+    done = run_logged([exe, *common, "-ctk", k, "-ctv", v, "--kl-divergence-base", base_file, "--kl-divergence"],
+                      log, timeout, env=env)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        on_failure(done)
+        raise VerificationFailed(f"llama-perplexity ({pair}) failed with exit {done.returncode}: "
+                                 f"{_last_error(output)} (log: {log})")
+    row = parse_kld(output)
+    row["kv_mib"] = kv_mib(output)
+    row["bits_per_pair"] = bits_per_pair(pair)
+    return {key: value for key, value in row.items() if value is not None}
 
 
 def run(ctx) -> dict:
     p = ctx.gate.params
     exe = ctx.bin("llama-perplexity")
-    model = ctx.model(p["model"])
-    text = ctx.data(p["text"])
+    common = common_args(ctx.model(p["model"]), p["ctx"], p["chunks"], [ctx.substitute(f) for f in p["flags"]])
     base_file = ctx.work_dir / "base.kld"
-    # -lv 4: llama's own info lines (the KV cache size) are below the default verbosity
-    common = ["-m", model, "-c", str(p["ctx"]), "-lv", "4"] + (["--chunks", str(p["chunks"])] if p["chunks"] else [])
-    common += [ctx.substitute(f) for f in p["flags"]]
-    bk, bv = p["base"].split("/")
     metrics: dict = {}
     try:
         ctx.log(f"base {p['base']}: saving logits")
-        done = run_logged([exe, *common, "-f", text, "-ctk", bk, "-ctv", bv, "--kl-divergence-base", base_file],
-                          ctx.work_dir / "base.log", ctx.gate.timeout, env=ctx.env)
-        output = done.stdout + done.stderr
-        if done.returncode != 0:
-            ctx.note_failed_command(done)
-        if done.returncode != 0 or not base_file.is_file():
-            raise VerificationFailed(f"llama-perplexity (base {p['base']}) failed with exit {done.returncode}: "
-                                     f"{_last_error(output)} (log: {ctx.work_dir / 'base.log'})")
-        final = _FINAL_PPL.search(output)
-        metrics["base"] = {"ppl": float(final.group(1)) if final else None, "kv_mib": kv_mib(output),
-                           "bits_per_pair": bits_per_pair(p["base"])}
+        metrics["base"] = save_base(exe, common, ctx.data(p["text"]), p["base"], base_file, ctx.work_dir / "base.log",
+                                    ctx.gate.timeout, env=ctx.env, on_failure=ctx.note_failed_command)
         for pair in p["configs"]:
             k, v = pair.split("/")
             ctx.log(f"{pair}: KL divergence against {p['base']}")
-            log = ctx.work_dir / f"{k}-{v}.log"
-            done = run_logged([exe, *common, "-ctk", k, "-ctv", v, "--kl-divergence-base", base_file,
-                               "--kl-divergence"], log, ctx.gate.timeout, env=ctx.env)
-            output = done.stdout + done.stderr
-            if done.returncode != 0:
-                ctx.note_failed_command(done)
-                raise VerificationFailed(f"llama-perplexity ({pair}) failed with exit {done.returncode}: "
-                                         f"{_last_error(output)} (log: {log})")
-            row = parse_kld(output)
-            row["kv_mib"] = kv_mib(output)
-            row["bits_per_pair"] = bits_per_pair(pair)
-            metrics[pair] = {k2: v2 for k2, v2 in row.items() if v2 is not None}
+            metrics[pair] = measure_pair(exe, common, pair, base_file, ctx.work_dir / f"{k}-{v}.log",
+                                         ctx.gate.timeout, env=ctx.env, on_failure=ctx.note_failed_command)
     finally:
         base_file.unlink(missing_ok=True)  # n_vocab x tokens of logits: large, and per run
     return metrics

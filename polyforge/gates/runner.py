@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 from .. import proc, schema
 from ..errors import BadInput, PolyforgeError, VerificationFailed
+from ..kvtypes import dominates
 from ._common import output_tail
 from .kinds import KINDS, Metrics
 
@@ -179,7 +180,7 @@ def _dominates(metrics: dict, a_glob: str, b_glob: str, *names: str) -> bool:
                 vb = [float(configs[b][n]) for n in names]
             except KeyError as exc:
                 raise MissingMetric(f"no metric [{a if exc.args[0] not in configs[a] else b}].{exc.args[0]}") from None
-            if all(x <= y for x, y in zip(va, vb)) and any(x < y for x, y in zip(va, vb)):
+            if dominates(tuple(va), tuple(vb)):
                 return True
     return False
 

