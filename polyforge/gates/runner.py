@@ -8,7 +8,7 @@ how to add one.
 
 Schema (validated into the dataclasses below):
 
-    name: kld-gemma3            # equals the file's stem
+    name: turbo-kld             # equals the file's stem
     kind: perplexity-kld        # a key of kinds.KINDS
     description: one line
     build:                      # optional

@@ -77,11 +77,11 @@ def test_kind_params_are_validated(tmp_path, kind, params, fragment):
 def test_the_repository_gates_load():
     gates = runner.load_all(ROOT / "gates")
     names = {g.name for g in gates}
-    assert {"backend-ops-cpu", "kld-gemma3", "server-gemma3"} <= names
+    assert {"backend-ops-cpu", "turbo-kld", "server-gemma3"} <= names
     kinds = {g.kind for g in gates}
     assert {"backend-ops", "perplexity-kld", "server"} <= kinds
-    kld = next(g for g in gates if g.name == "kld-gemma3")
-    assert kld.params["ctx"] == 2048 and set(kld.params["configs"]) == {"q8_0/q8_0", "q4_0/q4_0"}
+    kld = next(g for g in gates if g.name == "turbo-kld")
+    assert kld.params["ctx"] == 1024 and {"q8_0/q8_0", "q4_0/q4_0", "turbo3/turbo3"} <= set(kld.params["configs"])
     text = ROOT / "gates" / kld.params["text"]
     assert text.is_file() and len(text.read_bytes()) <= 200_000
 
