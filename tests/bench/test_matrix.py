@@ -200,8 +200,9 @@ def test_real_bench_roofline(real_build, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)["rows"]
     pp = [r for r in rows if r["test"].startswith("pp")]
+    # q8_0/q8_0, the default baseline, is measured in the same run
     assert sorted((r["kv"], r["test"], r["depth"]) for r in pp) == sorted(
-        (kv, t, d) for kv in ("f16/f16", "q8_0/turbo3") for t in ("pp8", "pp16") for d in (0, 512))
+        (kv, t, d) for kv in ("f16/f16", "q8_0/q8_0", "q8_0/turbo3") for t in ("pp8", "pp16") for d in (0, 512))
     assert all(r["avg_ts"] > 0 and r["ratio"] > 0 and "roofline_ts" not in r for r in pp)
     rows = [r for r in rows if r["test"] == "tg4"]
     f16, turbo = (next(r for r in rows if (r["kv"], r["depth"]) == (kv, 512)) for kv in ("f16/f16", "q8_0/turbo3"))
