@@ -189,7 +189,8 @@ def check(args):
     if args.text_chars:
         text = text[:args.text_chars]  # the part of the text the fixture was trained on
     prompts = make_prompts(text, args.prompts, args.prompt_chars)
-    log_dir = tempfile.mkdtemp(prefix="gate-mtp-")
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="gate-mtp-")
+    os.makedirs(log_dir, exist_ok=True)
     sys.path.insert(0, args.gguf_py)
     import gguf
 
@@ -276,9 +277,13 @@ def check(args):
         ok = False
     metrics["checks"] = checks
     metrics["ok"] = ok
-    if ok:
+    if ok and not args.log_dir:
         shutil.rmtree(log_dir, ignore_errors=True)
         metrics["log_dir"] = None
+    elif args.log_dir:  # the logs stay in the folder asked for; the GGUF files made for the run go
+        for name in os.listdir(log_dir):
+            if name.endswith(".gguf"):
+                os.remove(os.path.join(log_dir, name))
     return metrics
 
 
@@ -303,6 +308,8 @@ def parse_args(argv=None):
                     help="FFN width of the speed twin of the target (0: no speed measurement)")
     ap.add_argument("--no-bad-input", dest="bad_input", action="store_false")
     ap.add_argument("--startup-timeout", type=float, default=120)
+    ap.add_argument("--log-dir", help="folder for the server logs, kept (default: a temporary folder, removed "
+                    "when the gate passes)")
     ap.add_argument("--json", action="store_true", help="print the verdict as one compact JSON line")
     args = ap.parse_args(argv)
     if args.twin_rounds < 1:

@@ -11,7 +11,8 @@ Memory is read from the `llamacpp:kv_cells*` gauges of /metrics (cache 0 = full-
 state is restored into N slots (real copies, no compute) and the added used cells are measured;
 the private cells of the agents (suffix + generated, measured in the shared run) are added.
 
-Server logs stay in the temporary log_dir reported in the metrics.
+Server logs stay in --log-dir (the gate's record folder when polyforge runs it; a new temporary
+folder otherwise), reported as log_dir in the metrics.
 Stdlib + polyforge's llama-server harness (polyforge.gates.server). Prints one verdict JSON on
 stdout, logs on stderr; exit 0 only when ok.
 """
@@ -146,8 +147,9 @@ def verdict(metrics, checks):
 
 def check(args):
     metrics, checks = {}, {}
-    log_dir = tempfile.mkdtemp(prefix="gate-shared-pool-")
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="gate-shared-pool-")
     slot_dir = os.path.join(log_dir, "slots")
+    shutil.rmtree(slot_dir, ignore_errors=True)  # a killed earlier run's saved KV state
     os.makedirs(slot_dir)
     metrics["log_dir"] = log_dir
     extra = shlex.split(args.extra_args) if args.extra_args else []
@@ -508,6 +510,7 @@ def parse_args(argv=None):
     ap.add_argument("--model", required=True, help="path to the GGUF model (Gemma 3 270M)")
     ap.add_argument("--json", action="store_true", help="print the verdict as one compact JSON line")
     ap.add_argument("--extra-args", default="", help="extra llama-server arguments")
+    ap.add_argument("--log-dir", help="folder for the server logs (default: a new temporary folder)")
     ap.add_argument("--ctx", type=int, default=16384, help="context size of the main server (--parallel 9)")
     ap.add_argument("--n64", action="store_true", help="also measure memory at N = 64 (--parallel 65, slower)")
     ap.add_argument("--doc-tokens", type=int, default=1000, help="approximate document length in tokens")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -410,6 +411,28 @@ def test_harness_reports_a_server_that_exits_before_health(fake_server, tmp_path
         assert server.wait_exit(10) == 1
     with LlamaServer(fake_server, "m.gguf", [], tmp_path / "up.log") as server:
         assert server.wait_exit(0.5) is None  # still serving
+
+
+def test_shared_pool_keeps_its_logs_in_the_folder_asked_for(fake_server, tmp_path):
+    """Run by polyforge, the gate's server logs go to its record folder ({work}): nothing is left
+    in the temporary folder, and a failing run's logs are where its verdict says."""
+    tmp, logs = tmp_path / "tmp", tmp_path / "work"
+    tmp.mkdir()
+    done = subprocess.run([sys.executable, str(GATES / "shared_pool" / "gate_shared_pool.py"), "--server",
+                           str(fake_server), "--model", "m.gguf", "--log-dir", str(logs), "--json",
+                           "--extra-args=--refuse", "--startup-timeout", "10"],
+                          capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp)})
+    assert done.returncode == 1, done.stderr
+    verdict = json.loads(done.stdout)
+    assert verdict["ok"] is False and verdict["metrics"]["log_dir"] == str(logs)
+    assert "load: the head does not fit" in (logs / "main.log").read_text()
+    assert not (logs / "slots").exists() and list(tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["shared-pool", "shared-pool-turbo3", "shared-pool-turbo3-cuda", "mtp", "mtp-cuda"])
+def test_server_gates_log_into_their_record_folder(name):
+    argv = _command_argvs()[name]
+    assert argv[argv.index("--log-dir") + 1] == "{work}"
 
 
 # -- gate kv-state-turbo ------------------------------------------------------------------------
