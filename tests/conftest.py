@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+
+import cli_fork
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,11 +165,14 @@ def chained(fetched: Proj) -> Proj:
     return fetched
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m polyforge ARGS` as a process of its own (cli_fork: forked where it can be)."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("COLUMNS", None)
-    return subprocess.run([sys.executable, "-m", "polyforge", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=300)
+    code, out, err = cli_fork.run(args, cwd, full_env, timeout)
+    if code is None:
+        raise subprocess.TimeoutExpired(["polyforge", *args], timeout, out, err)
+    return subprocess.CompletedProcess(["polyforge", *args], code, out, err)
 
 
 def assert_clean_error(done: subprocess.CompletedProcess, code: int, fragment: str) -> None:
@@ -179,3 +183,15 @@ def assert_clean_error(done: subprocess.CompletedProcess, code: int, fragment: s
     error_lines = [ln for ln in lines if ln.startswith("error:")]
     assert len(error_lines) == 1, done.stderr
     assert fragment in done.stderr.replace("\n", " "), done.stderr
+
+
+# The tests on the real build share the repository's vendored tree and build/KEY/ (one of them
+# re-runs a gate there): under pytest-xdist (`-n auto --dist loadgroup`, the README's test
+# command) they all run on one worker, one after another; the rest spread over the others.
+REAL_BUILD_GROUP = "real-build"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "real_build" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(REAL_BUILD_GROUP))

@@ -1,6 +1,6 @@
 """The project's documents name the chain as it is: README's patch table and patches/README.md's
 index list exactly the patches in patches/, in order, each with its own subject's concern, so
-neither can drift from the chain again."""
+neither can drift from the chain again; and CI runs the README's commands as written."""
 
 from __future__ import annotations
 
@@ -44,3 +44,13 @@ def test_every_patch_says_why_and_has_a_real_author():
         assert len(patch.header.description().split()) >= 30, f"{name}: a description says what and why"
         assert not patch.header.author.endswith("@localhost>"), f"{name}: {patch.header.author}"
         assert re.match(r"^[a-z0-9-]+ : \S", patch.header.subject), f"{name}: subject style 'module : what'"
+
+
+def test_ci_runs_the_readme_commands_as_written():
+    """.ci/run promises the README's main command, then its test command, exactly as written."""
+    blocks = re.findall(r"```sh\n(.*?)\n```", _section((ROOT / "README.md").read_text(), "## Set-up on a fresh machine"),
+                        re.S)
+    main, tests = blocks[0], blocks[1]
+    ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.startswith("python3 -m venv")]
+    assert ci == [main, tests]
+    assert "pytest" in tests and "polyforge up" in main

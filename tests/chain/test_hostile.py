@@ -1,5 +1,6 @@
 """The hostile-input corpus: broken and unsafe patches, chain.locks, pins, patch
-names and arguments, each run through the real CLI (a subprocess) in a scratch project.
+names and arguments, each run through the real CLI (a process of its own: tests/cli_fork.py) in a
+scratch project.
 
 Every scratch project starts the same: the synthetic upstream of conftest, the chain 0001-a and
 0002-b applied, and one user edit (an uncaptured change to docs/build.md) in the live tree. A
@@ -31,10 +32,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Callable
 import pytest
 import yaml
 
+import cli_fork
 from conftest import UPSTREAM_FILES, Proj, capture, make_upstream, write_pin
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "hostile"
@@ -516,15 +516,7 @@ def _cli(argv: tuple[str, ...], cwd: Path, env: dict[str, str], timeout: float) 
     full_env = {**os.environ, **env}
     full_env.pop("COLUMNS", None)
     full_env.pop("POLYFORGE_ROOT", None)
-    proc = subprocess.Popen([sys.executable, "-m", "polyforge", *argv], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return None, out, err
-    return proc.returncode, out, err
+    return cli_fork.run(argv, cwd, full_env, timeout)
 
 
 def _check(run: Run, env: dict[str, str], timeout: float) -> None:
