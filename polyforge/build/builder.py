@@ -61,6 +61,11 @@ X86_ISA_OFF = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
 RUNPATH = "$ORIGIN"
 RPATH_ARGS = ("-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", f"-DCMAKE_INSTALL_RPATH={RUNPATH}",
               "-DCMAKE_INSTALL_RPATH_USE_LINK_PATH=ON")
+# libllama compiles its models/*.cpp as unity sources, which CMake writes with absolute #include
+# paths: ccache's base directory cannot rewrite a path inside a file, so those objects missed the
+# cache in every other clone and carried the clone's path (__FILE__) into libllama.so. Relative
+# includes (CMake >= 3.32) make them the same in every clone.
+UNITY_ARGS = ("-DCMAKE_UNITY_BUILD_RELOCATABLE=ON",)
 
 
 class BuildFailed(VerificationFailed):
@@ -229,8 +234,9 @@ def _plan(chain: Chain, options: BuildOptions) -> Plan:
     tools = toolchain.describe(options.cuda, defines.get("CUDA_cublas_LIBRARY"))
     notes: list[str] = []
     cache_args = [f"-DCMAKE_BUILD_TYPE={options.build_type}", "-DBUILD_SHARED_LIBS=ON", *OFFLINE_ARGS, *RPATH_ARGS,
-                  f"-DCMAKE_C_COMPILER={tools['cc']}", f"-DCMAKE_CXX_COMPILER={tools['cxx']}"]
-    option_inputs: dict = {"cuda": options.cuda, "build_type": options.build_type, "runpath": RUNPATH}
+                  *UNITY_ARGS, f"-DCMAKE_C_COMPILER={tools['cc']}", f"-DCMAKE_CXX_COMPILER={tools['cxx']}"]
+    option_inputs: dict = {"cuda": options.cuda, "build_type": options.build_type, "runpath": RUNPATH,
+                           "unity_relocatable": True}
     if options.cuda:
         archs = list(options.archs)
         if not archs:

@@ -21,7 +21,7 @@ from polyforge.git import Git, prune_tree, scratch_index, user_identity
 from polyforge.chain.lockfile import ChainLock, LockEntry
 from polyforge.chain.patchfile import Patch
 from polyforge.project import Project
-from polyforge.upstream.vendored_tree import BASELINE_TAG, BRANCH, AppliedPatch, VendoredTree
+from polyforge.upstream.vendored_tree import BASELINE_TAG, BRANCH, AppliedPatch, VendoredTree, baseline_message
 from polyforge.upstream.workspace import Workspace
 
 _OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
@@ -299,7 +299,7 @@ class Chain(Workspace):
             return None
         return entry.pack_tree if self.pruned else entry.tree
 
-    def adopt_patched(self, fresh: VendoredTree, got: str, message: str) -> bool | None:
+    def adopt_patched(self, fresh: VendoredTree, got: str, label: str) -> bool | None:
         """A tree that is the pinned baseline plus a prefix of the chain (a `pack --patched`).
 
         Recognised by its tree id in chain.lock; the baseline is rebuilt by reverse-applying the
@@ -320,7 +320,7 @@ class Chain(Workspace):
             steps = run_chain(fresh.git, got, list(reversed(prefix)), reverse=True)
             if not all(s.ok for s in steps) or steps[-1].tree != base:
                 raise VerificationFailed(f"the patched archive does not reverse to the pinned baseline {base}")
-            commit = fresh.git.commit_tree(base, message)
+            commit = fresh.git.commit_tree(base, baseline_message(label))
             fresh.git.run("tag", "-f", BASELINE_TAG, commit)
             for patch, tree in zip(prefix, trees[:count]):
                 commit = fresh.patch_commit(commit, tree, patch.name, patch.sha256)

@@ -61,10 +61,10 @@ from polyforge.project import Project, cache_dir
 from polyforge import tree_identity
 from polyforge.textfile import write_text_atomic
 from polyforge.chain import review as review_lib
-from polyforge.upstream.pin import Pin, render_pin
+from polyforge.upstream.pin import Pin, render_pin, tree_label
 from polyforge.upstream.source import Git as GitSource, SourceKind, source_from_argument
 from polyforge.upstream.vendor import baseline_objects, store_baseline_objects
-from polyforge.upstream.vendored_tree import BASELINE_TAG, BRANCH, VendoredTree
+from polyforge.upstream.vendored_tree import BASELINE_TAG, BRANCH, VendoredTree, baseline_message
 
 STATUSES = ("exact", "offsets", "three-way", "partly-upstream", "upstream", "conflict", "resolved",
             "skipped", "pending")
@@ -585,7 +585,7 @@ def _build_incoming(ws: RebaseArea) -> None:
     ws.incoming.mkdir()
     fresh = VendoredTree.initialise(ws.incoming)
     _read_objects_of(ws.incoming / ".git", _new_tree_objects(state["new_base"]))
-    base_commit = fresh.git.commit_tree(state["new_base"], f"llama.cpp {state['release']} from {state['onto']}")
+    base_commit = fresh.git.commit_tree(state["new_base"], baseline_message(tree_label(state["release"], state["commit"])))
     fresh.git.run("update-ref", BRANCH, base_commit)
     fresh.git.run("symbolic-ref", "HEAD", BRANCH)
     fresh.git.run("tag", "-f", BASELINE_TAG, base_commit)

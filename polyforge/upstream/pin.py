@@ -67,8 +67,12 @@ class Pin:
 
     @property
     def label(self) -> str:
-        """How messages name the pinned tree: release and short commit."""
-        return f"{self.release} ({self.commit[:12]})" if self.commit else self.release
+        return tree_label(self.release, self.commit)
+
+
+def tree_label(release: str, commit: str | None) -> str:
+    """How messages name a pinned tree: release and short commit."""
+    return f"{release} ({commit[:12]})" if commit else release
 
 
 def render_pin(*, project: str, release: str, commit: str | None, tree: str, pack_prune: tuple[str, ...],

@@ -83,17 +83,16 @@ def fetch(ws: Workspace, source: str | None = None, force: bool = False) -> Fetc
             detail = candidate.spelling
             fresh = VendoredTree.initialise(incoming)
             got = fresh.snapshot()
-            message = f"llama.cpp {pin.label} from {candidate.name}"
             if got in (pin.tree, pack_base):
                 pruned = got != pin.tree
-                fresh.commit_baseline(message)
+                fresh.commit_baseline(pin.label)
             elif got == pin.pack_tree:
                 raise VerificationFailed(
                     f"source '{candidate.name}' is the baseline with {', '.join(pin.pack_prune)} pruned whole ({got}): "
                     f"a pack made for another chain; this chain edits files there and needs {pack_base}",
                     hint="pack the tree in a project with this chain (polyforge vendor pack), or use --full")
             else:
-                pruned = ws.adopt_patched(fresh, got, message)
+                pruned = ws.adopt_patched(fresh, got, pin.label)
                 if pruned is None:
                     raise VerificationFailed(
                         f"source '{candidate.name}' yields tree {got}, the pin says {pin.tree}"
@@ -164,7 +163,7 @@ def _from_baseline_cache(ws: Workspace) -> Path | None:
         fresh.git.run("checkout-index", "-a", "-f", "-u")
         if fresh.snapshot() != ws.pin.tree:
             raise VerificationFailed("cached baseline does not reproduce the pinned tree")
-        fresh.commit_baseline(f"llama.cpp {ws.pin.label} from the baseline cache")
+        fresh.commit_baseline(ws.pin.label)
         fresh.write_state(source="cache", detail=str(folder), pruned=False)
         return incoming
     except (PolyforgeError, OSError):

@@ -57,6 +57,13 @@ class BadJournal(BadInput):
     """journal.json records no real interrupted move, or rolling it back would lose a live edit."""
 
 
+def baseline_message(label: str) -> str:
+    """The baseline commit's message: the pinned tree's name (Pin.label), not where it came from.
+    A build reads the repository (ggml and llama.cpp embed `git rev-parse --short HEAD` and the
+    commit count), so the same pin and chain must make the same commits however they arrived."""
+    return f"llama.cpp {label}"
+
+
 class VendoredTree:
     def __init__(self, path: Path):
         self.path = path
@@ -107,9 +114,9 @@ class VendoredTree:
             tree.git.run("config", key, value)
         return tree
 
-    def commit_baseline(self, message: str) -> str:
+    def commit_baseline(self, label: str) -> str:
         tree = self.snapshot()
-        commit = self.git.commit_tree(tree, message)
+        commit = self.git.commit_tree(tree, baseline_message(label))
         self.git.run("update-ref", BRANCH, commit)
         self.git.run("symbolic-ref", "HEAD", BRANCH)
         self.git.run("tag", "-f", BASELINE_TAG, commit)

@@ -77,7 +77,7 @@ class Workspace:
         """The pruned baseline a pruned vendored tree must be: with no chain, the pin's pack.tree."""
         return self.pin.pack_tree
 
-    def adopt_patched(self, fresh: VendoredTree, got: str, message: str) -> bool | None:
+    def adopt_patched(self, fresh: VendoredTree, got: str, label: str) -> bool | None:
         """Make `fresh`, whose tree `got` is the baseline with part of the chain applied, a vendored
         repository with that part as commits; returns whether it is pruned, or None if `got` is
         no such tree. With no chain, no tree is."""

@@ -310,3 +310,20 @@ def test_a_pack_made_for_another_chain_is_refused_by_name(fetched: Proj, tmp_pat
     other = _second_project(fetched, tmp_path)
     with pytest.raises(VerificationFailed, match="another chain"):
         vendor.fetch(other.chain(), source=plain["path"])
+
+
+def test_the_same_pin_and_chain_make_the_same_commits_however_the_tree_arrived(fetched: Proj, tmp_path):
+    """A build reads the vendored repository (ggml and llama.cpp embed `git rev-parse --short HEAD`
+    and the commit count): a tree fetched from its source and one the baseline cache served, with
+    the same chain applied, stand on the same commits."""
+    from conftest import capture
+    capture(fetched, "0001-a", {"src/llama.h": "patched\n"})
+    capture(fetched, "0002-b", {"README.md": "patched too\n"})
+    other = _second_project(fetched, tmp_path)
+    assert vendor.fetch(other.chain()).source == "cache"
+    other.chain().apply()
+
+    def commits(proj: Proj) -> list[str]:
+        return subprocess.run(["git", "-C", str(proj.tree), "rev-list", "HEAD"], check=True, capture_output=True,
+                              text=True).stdout.split()
+    assert len(commits(fetched)) == 3 and commits(other) == commits(fetched)
