@@ -11,6 +11,8 @@
 #   ops      test-backend-ops -b CUDA0 against the CPU: the turbo K/V ops (SET_ROWS, CPY, GET_ROWS,
 #            HADAMARD_SET_ROWS, FLASH_ATTN_EXT with turbo K or V) and the Hadamard mul_mat hints (0082)
 #   ops-fa   every FLASH_ATTN_EXT case (a few minutes)
+#   package  polyforge package of the build and package --verify; then, with build/ moved aside (no build tree),
+#            llama-server --version from the unpacked archive
 #   gates    polyforge gate run GATE --build KEY for each of GATES (default: the CUDA gates); their models must
 #            be in polyforge's model cache already where there is no network
 #   bench    single-sequence decode, f16/f16, turbo3/turbo3 and q8_0/turbo3 at depth 0, 32k and 128k, on the
@@ -125,6 +127,19 @@ for step in "$@"; do
         "$py" scripts/decode_trace_split.py "$out/$tag.csv" "$kv" --skip 2 --top 16 > "$out/$tag.txt" 2>> "$out/$tag.log"
         note "$tag: exit $?"
       done ;;
+    package)
+      pf package --build "$(key)" --json > "$out/package.json" 2> "$out/package.log"
+      rc=$?
+      archive=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["archive"])' "$out/package.json" 2> /dev/null)
+      pf package --verify "$archive" >> "$out/package.log" 2>&1
+      verify=$?
+      unpacked=$(mktemp -d)
+      tar -xf "$archive" -C "$unpacked" 2>> "$out/package.log" && mv build "$out/build-away" &&
+        "$unpacked"/*/bin/llama-server --version >> "$out/package.log" 2>&1
+      version=$?
+      [ -d "$out/build-away" ] && mv "$out/build-away" build
+      rm -rf "$unpacked"
+      note "package: exit $rc, verify exit $verify, llama-server --version from the unpacked archive: exit $version, $(( $(date +%s) - start )) s" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

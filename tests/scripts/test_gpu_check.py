@@ -28,7 +28,9 @@ def _machine(root: Path, build_exit: int = 0) -> dict[str, str]:
         f"open({str(calls)!r}, 'a').write(json.dumps(args) + '\\n')\n"
         "if args[:3] == ['-m', 'polyforge', 'build']:\n"
         f"    print(json.dumps({{'key': {KEY!r}}}))\n"
-        f"    sys.exit({build_exit})\n")
+        f"    sys.exit({build_exit})\n"
+        "if args[:3] == ['-m', 'polyforge', 'package'] and '--json' in args:\n"
+        f"    print(json.dumps({{'archive': {str(root / 'polyforge-x.tar')!r}}}))\n")
     fake_python.chmod(0o755)
     bin_dir = root / "build" / KEY / "bin"
     bin_dir.mkdir(parents=True)
@@ -101,3 +103,24 @@ def test_a_failed_build_stops_the_run(tmp_path: Path) -> None:
 def test_unknown_step_refused(tmp_path: Path) -> None:
     done = _run(tmp_path, "variant")
     assert done.returncode == 2 and "unknown step variant" in done.stderr
+
+
+def test_package_runs_the_server_from_the_unpacked_archive_with_no_build_tree(tmp_path: Path) -> None:
+    staged = tmp_path / "staged" / "polyforge-x" / "bin"
+    staged.mkdir(parents=True)
+    server = staged / "llama-server"
+    # the server fails if the build tree it must not need is still there
+    server.write_text(f'#!/bin/sh\n[ -d {tmp_path}/build ] && exit 7\necho "version: 1 (build 16)"\n')
+    server.chmod(0o755)
+    subprocess.run(["tar", "-cf", str(tmp_path / "polyforge-x.tar"), "-C", str(tmp_path / "staged"), "polyforge-x"],
+                   check=True)
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "gpu-check.key").write_text(KEY)  # as the build step leaves it
+    done = _run(tmp_path, "package")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _polyforge_calls(tmp_path)[-2:] == [["package", "--build", KEY, "--json"],
+                                               ["package", "--verify", str(tmp_path / "polyforge-x.tar")]]
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "package: exit 0, verify exit 0, llama-server --version from the unpacked archive: exit 0" in summary
+    assert "version: 1 (build 16)" in (tmp_path / "out" / "package.log").read_text()
+    assert (tmp_path / "build" / KEY / "bin" / "test-backend-ops").exists(), "build/ is put back"
