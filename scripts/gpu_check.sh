@@ -104,7 +104,7 @@ for step in "$@"; do
         --rounds "${ROUNDS:-1}" --out "$out/agents" > "$out/agents.log" 2>&1
       note "agents: exit $?, $(( $(date +%s) - start )) s" ;;
     fa-perf)
-      "$(bin test-backend-ops)" perf -o FLASH_ATTN_EXT -b CUDA0 -p 'nr23=\[[24],1\],kv=(32768|131072),' \
+      "$(bin test-backend-ops)" perf -o FLASH_ATTN_EXT -b CUDA0 -p 'nr23=\[[1-8],1\],kv=(32768|131072),' \
         > "$out/fa-perf.txt" 2>&1
       rc=$?
       "$py" scripts/fa_perf_table.py "$out/fa-perf.txt" > "$out/fa-perf.md" 2>> "$out/fa-perf.txt"
