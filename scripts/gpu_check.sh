@@ -21,13 +21,13 @@
 #   agents   B = 1, 4, 8, 16, 32 agents sharing a 32k and a 128k prefix (llama-batched-bench -pps -kvu), decode
 #            t/s per pair, ROUNDS runs (default 1; more give medians and the ratios' range)
 #   fa-perf  the FA kernel alone (test-backend-ops perf) on the long-context cases of 0085, as a table of speed
-#            against f16/f16 (scripts/fa_perf_table.py)
+#            against f16/f16 and q8_0/q8_0 (scripts/fa_perf_table.py; with a numeric BANDWIDTH, each row's share)
 #   trace    one decode step's kernels at DEPTH (default 131072) on the shape of HEADS' first head size, per K/V
 #            pair (scripts/cupti_trace.c, scripts/decode_trace_split.py; scripts/attention_ceiling.py --trace
 #            reads the f16 side's CSV)
 #
 # BANDWIDTH (GB/s; default auto, measured on the GPU by bench) is what each decode row's fraction of the
-# bandwidth divides by. WHEELS (a folder of wheels, default .whl) is installed without network when polyforge's dependencies are missing.
+# bandwidth divides by (fa-perf: a number only). WHEELS (a folder of wheels, default .whl) is installed without network when polyforge's dependencies are missing.
 # Each step writes its logs under OUT and one line to OUT/summary.txt; a failing build stops the run.
 set -u
 out=${1:?usage: gpu_check.sh OUT STEP...}; shift
@@ -107,7 +107,8 @@ for step in "$@"; do
       "$(bin test-backend-ops)" perf -o FLASH_ATTN_EXT -b CUDA0 -p 'nr23=\[[1-8],1\],kv=(32768|131072),' \
         > "$out/fa-perf.txt" 2>&1
       rc=$?
-      "$py" scripts/fa_perf_table.py "$out/fa-perf.txt" > "$out/fa-perf.md" 2>> "$out/fa-perf.txt"
+      bw_arg=(); [[ ${BANDWIDTH:-auto} =~ ^[0-9]+([.][0-9]+)?$ ]] && bw_arg=(--bandwidth "$BANDWIDTH")
+      "$py" scripts/fa_perf_table.py "${bw_arg[@]}" "$out/fa-perf.txt" > "$out/fa-perf.md" 2>> "$out/fa-perf.txt"
       note "fa-perf: exit $rc, $(grep -c 'us/run' "$out/fa-perf.txt") timed cases" ;;
     trace)
       hd=${HEADS:-128}; hd=${hd%% *}

@@ -80,3 +80,30 @@ def test_refuses_missing_and_empty_input(tmp_path):
     none = _run(str(empty))
     assert none.returncode == 1
     assert "no FLASH_ATTN_EXT times" in none.stderr
+
+
+def test_baseline_ratio_and_bandwidth_share(tmp_path):
+    perf = _perf(tmp_path, "run", {(1, "f16/f16"): 100.0, (1, "q8_0/q8_0"): 80.0, (1, "turbo3/turbo3"): 40.0,
+                                   (1, "turbo9/turbo9"): 20.0})
+    done = _run(str(perf), "--json", "--bandwidth", "2000")
+    assert done.returncode == 0, done.stderr
+    rows = {r["pair"]: r for r in json.loads(done.stdout)}
+    assert rows["turbo3/turbo3"]["vs_q8_0"] == 2.0
+    assert rows["f16/f16"]["vs_q8_0"] == 0.8
+    assert rows["q8_0/q8_0"]["vs_q8_0"] is None
+    # 32768 cells x 8 heads x 128 values x (16 + 16) bits = 134.2 MB in 100 us against 2000 GB/s
+    assert abs(rows["f16/f16"]["of_bandwidth"] - 32768 * 8 * 128 * 4 / (100.0 * 2000 * 1e3)) < 1e-12
+    assert abs(rows["turbo3/turbo3"]["of_bandwidth"] - 32768 * 8 * 128 * 6.5 / 8 / (40.0 * 2000 * 1e3)) < 1e-12
+    # a type of unknown size has no share
+    assert rows["turbo9/turbo9"]["of_bandwidth"] is None
+
+    table = _run(str(perf), "--bandwidth", "2000")
+    assert table.returncode == 0, table.stderr
+    assert "| of bandwidth |" in table.stdout
+    assert "| 40.00 | 2.50 | 2.00 | - | 34% |" in table.stdout
+    # without a bandwidth the column is not there
+    assert "of bandwidth" not in _run(str(perf)).stdout
+
+    bad = _run(str(perf), "--bandwidth", "0")
+    assert bad.returncode == 2
+    assert "--bandwidth must be a positive" in bad.stderr
