@@ -9,7 +9,9 @@
 # Reads CUDA_HOST_DEPS (where the wheel and the stub go, default /tmp/cuda-host-deps), CUBLAS_VERSION (default
 # 13.10.0.20, CUDA 13), ARCH (default 90-real: SASS for sm_90 alone; `90` also embeds PTX, which an H100 or
 # H200 never JIT-compiles) and TARGETS (default those gpu_check.sh build
-# makes). Prints the build's JSON (its key) on stdout, as `polyforge build --json` does.
+# makes). Prints the build's JSON (its key) on stdout, as `polyforge build --json` does. With SHIP_OUT=FILE.tar.xz it
+# also packs build/KEY/{manifest.json,bin} there, for `SHIP=FILE scripts/gpu_check.sh OUT build ...` on a GPU machine
+# (a CUDA build in one call's upload instead of minutes of the GPU machine's time).
 set -euo pipefail
 deps=${CUDA_HOST_DEPS:-/tmp/cuda-host-deps}
 py=${PYTHON:-python3}
@@ -41,6 +43,12 @@ echo "cuda_host_build: driver stub of $(echo $names | wc -w) functions, cuBLAS f
 target_args=()
 for t in $targets; do target_args+=(--target "$t"); done
 # GGML_NATIVE=OFF: this host's -march=native is not the GPU machine's CPU, which runs test-backend-ops' CPU side
-"$py" -m polyforge build --cuda --arch "${ARCH:-90-real}" -D GGML_NATIVE=OFF "${target_args[@]}" \
+built=$("$py" -m polyforge build --cuda --arch "${ARCH:-90-real}" -D GGML_NATIVE=OFF "${target_args[@]}" \
   -D CUDA_cuda_driver_LIBRARY="$stub/libcuda.so" -D CUDA_cublas_LIBRARY="$lib/libcublas.so.13" \
-  -D CUDA_cublasLt_LIBRARY="$lib/libcublasLt.so.13" -D CMAKE_CUDA_FLAGS="-I$lib/../include" --json "$@"
+  -D CUDA_cublasLt_LIBRARY="$lib/libcublasLt.so.13" -D CMAKE_CUDA_FLAGS="-I$lib/../include" --json "$@")
+echo "$built"
+if [ -n "${SHIP_OUT:-}" ]; then
+  key=$("$py" -c 'import json, sys; print(json.loads(sys.argv[1])["key"])' "$built")
+  tar -C build -cJf "$SHIP_OUT" "$key/manifest.json" "$key/bin"
+  echo "cuda_host_build: build $key packed into $SHIP_OUT" >&2
+fi

@@ -7,7 +7,9 @@
 #
 #   build    polyforge build --cuda of the vendored tree with the chain applied (ARCH, default 90-real: SASS for
 #            sm_90 alone). With PACK (an archive of `polyforge vendor pack --full`) it first vendors from that
-#            archive and applies the chain: a machine without network.
+#            archive and applies the chain: a machine without network. With SHIP (an archive of a build made on
+#            another host, `SHIP_OUT=... scripts/cuda_host_build.sh`) it unpacks that build instead of compiling, and
+#            PACK (then a plain or --full pack of the baseline) is only vendored, for the random models' gguf-py.
 #   ops      test-backend-ops -b CUDA0 against the CPU: the turbo K/V ops (SET_ROWS, CPY, GET_ROWS,
 #            HADAMARD_SET_ROWS, FLASH_ATTN_EXT with turbo K or V) and the Hadamard mul_mat hints (0082)
 #   ops-fa   every FLASH_ATTN_EXT case (a few minutes)
@@ -68,6 +70,24 @@ for step in "$@"; do
   start=$(date +%s)
   case $step in
     build)
+      if [ -n "${SHIP:-}" ]; then
+        { [ -z "${PACK:-}" ] || pf vendor fetch --source "$PACK" --force; } > "$out/build.log" 2>&1 &&
+          mkdir -p build && tar -xJf "$SHIP" -C build >> "$out/build.log" 2>&1
+        rc=$?
+        shipped=$(tar -tJf "$SHIP" 2> /dev/null | head -1); shipped=${shipped%%/*}
+        echo "$shipped" > $key_file
+        # the manifest names the folder it was built in; the binaries find each other through RUNPATH $ORIGIN,
+        # CUDA's libraries through this machine's toolkit (or the CUDA wheels of its Python)
+        [ $rc = 0 ] && "$py" -c 'import json, sys; p = sys.argv[1]; m = json.load(open(p)); m["build_dir"] = sys.argv[2]
+json.dump(m, open(p, "w"), indent=1)' "build/$shipped/manifest.json" "$PWD/build/$shipped" >> "$out/build.log" 2>&1
+        rc=$(( rc || $? ))
+        cuda_libs=$(find /usr/local /opt /usr/lib \( -name 'libcublas.so.*' -o -name 'libcudart.so.*' \) 2> /dev/null |
+          xargs -r -n1 dirname | sort -u | tr '\n' ':')
+        export LD_LIBRARY_PATH=$cuda_libs${LD_LIBRARY_PATH:-}
+        note "build: shipped $(key), unpacked: exit $rc, $(( $(date +%s) - start )) s"
+        [ $rc = 0 ] || exit 1
+        continue
+      fi
       { [ -z "${PACK:-}" ] || { pf vendor fetch --source "$PACK" --force && pf apply; } > "$out/build.log" 2>&1; } &&
         pf build --cuda --arch "${ARCH:-90-real}" --target test-backend-ops --target llama-bench \
           --target llama-batched-bench --target llama-perplexity --target llama-server --json \

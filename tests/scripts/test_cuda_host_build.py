@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,26 @@ def test_without_a_vendored_tree_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "cuda_host_build: no vendor/llama.cpp/ggml/src/ggml-cuda: run polyforge vendor fetch and apply first"]
+
+
+def test_ship_out_packs_the_build_for_a_gpu_machine(tmp_path: Path) -> None:
+    env = _stand_in(tmp_path)
+    # a python that runs `-c` code as python does and answers the build as the stand-in's does
+    fake_python = Path(env["PYTHON"])
+    fake_python.write_text(
+        f'#!/bin/sh\nif [ "$1" = -c ]; then exec {sys.executable} "$@"; fi\n'
+        f'printf "%s\\n" "$@" > {tmp_path}/build-args\necho \'{{"key": "cuda-x"}}\'\n')
+    built = tmp_path / "build/cuda-x"
+    (built / "bin").mkdir(parents=True)
+    (built / "bin/libggml-cuda.so").write_text("kernels")
+    (built / "manifest.json").write_text('{"key": "cuda-x"}')
+    (built / "CMakeCache.txt").write_text("not shipped")
+    ship = tmp_path / "ship.tar.xz"
+    result = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env={**env, "SHIP_OUT": str(ship)},
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '{"key": "cuda-x"}'
+    with tarfile.open(ship) as tar:
+        assert sorted(tar.getnames()) == ["cuda-x/bin", "cuda-x/bin/libggml-cuda.so", "cuda-x/manifest.json"]
+        assert tar.extractfile("cuda-x/bin/libggml-cuda.so").read() == b"kernels"
+    assert f"build cuda-x packed into {ship}" in result.stderr

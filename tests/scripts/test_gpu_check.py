@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
@@ -79,6 +80,44 @@ def test_pack_is_vendored_and_applied_before_the_build(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert [c[:2] for c in _polyforge_calls(tmp_path)] == [["vendor", "fetch"], ["apply"], ["build", "--cuda"]]
     assert _polyforge_calls(tmp_path)[0][2:] == ["--source", "/packs/llama.tar.xz", "--force"]
+
+
+def _ship(root: Path, key: str) -> Path:
+    """A build made on another host as cuda_host_build.sh packs it: KEY/manifest.json naming that host's folder, and
+    KEY/bin with a test-backend-ops that logs its arguments."""
+    made = root / "elsewhere" / key
+    (made / "bin").mkdir(parents=True)
+    (made / "manifest.json").write_text(json.dumps({"key": key, "build_dir": f"/host/build/{key}", "inputs": {}}))
+    ops = made / "bin" / "test-backend-ops"
+    ops.write_text(f'#!/bin/sh\necho "shipped $*" >> {root}/ops-calls\necho "  2/2 tests passed"\n')
+    ops.chmod(0o755)
+    archive = root / "ship.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(made, arcname=key)
+    return archive
+
+
+def test_a_shipped_build_is_unpacked_not_compiled(tmp_path: Path) -> None:
+    archive = _ship(tmp_path, "cuda-shipped01")
+    done = _run(tmp_path, "build", "ops-fa", SHIP=str(archive), PACK="/packs/llama-pruned.tar.xz")
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the baseline vendored for gguf-py, not patched, and nothing compiled
+    assert _polyforge_calls(tmp_path) == [["vendor", "fetch", "--source", "/packs/llama-pruned.tar.xz", "--force"]]
+    assert (tmp_path / "build" / "gpu-check.key").read_text().strip() == "cuda-shipped01"
+    manifest = json.loads((tmp_path / "build" / "cuda-shipped01" / "manifest.json").read_text())
+    assert manifest["build_dir"] == str(tmp_path / "build" / "cuda-shipped01")
+    assert (tmp_path / "ops-calls").read_text().splitlines() == ["shipped -o FLASH_ATTN_EXT -b CUDA0"]
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("build: shipped cuda-shipped01, unpacked: exit 0")
+    assert summary[1] == "FLASH_ATTN_EXT: 2/2 tests passed (exit 0)"
+
+
+def test_a_shipped_archive_that_is_not_one_stops_the_run(tmp_path: Path) -> None:
+    (tmp_path / "ship.tar.xz").write_text("not an archive")
+    done = _run(tmp_path, "build", "ops", SHIP=str(tmp_path / "ship.tar.xz"))
+    assert done.returncode == 1
+    assert not (tmp_path / "ops-calls").exists()
+    assert "unpacked: exit " in (tmp_path / "out" / "summary.txt").read_text()
 
 
 def test_ops_run_against_the_cpu_and_are_summarised(tmp_path: Path) -> None:
