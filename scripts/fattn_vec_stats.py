@@ -17,6 +17,10 @@ spills, SASS instructions, and its KV-tile iterations: the innermost loops with 
 kernel has one per peeled variant of the iteration), their sizes, HMMA, global loads (LDG), asynchronous copies
 (LDGSTS) and shared stores (STS) of the largest.
 
+Both tables end with "rolled": the sizes of the loops the compiler kept inside the main loop (the largest tile
+loop). The loop's count holds each of their bodies once, whatever their trip count, so there a trip executes more
+than the count says (the decode loops of a 128-row kv_dec tile at D=128, the V loop unrolled by 4 at D=512).
+
 nvcc must be on PATH. cuobjdump (and the nvdisasm it runs) come from PATH, --cuobjdump, or PyPI's
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (downloaded once into ~/.cache/polyforge/tools).
 cuBLAS headers are not needed: a stub stands in.
@@ -88,6 +92,7 @@ class SassCounts:
     loop_stl: int = 0
     loop_ldg_before_sts: int = 0
     loop_ldg_after_sts: int = 0
+    loop_rolled: tuple[int, ...] = ()  # sizes of the loops nested in the main loop (see nested_loops)
 
 
 def parse_ptxas(text: str) -> dict[str, ResourceUsage]:
@@ -147,6 +152,14 @@ def backward_branches(instrs: list[tuple[int, str]]) -> list[tuple[int, int]]:
     return loops
 
 
+def nested_loops(loops: list[tuple[int, int]], lo: int, hi: int, instrs: list[tuple[int, str]]) -> tuple[int, ...]:
+    """Sizes of the loops inside [lo, hi] (none of them inside another): loops the compiler kept rolled, whose
+    body the enclosing loop's count holds once whatever their trip count."""
+    inside = [(a, b) for a, b in loops if lo <= a and b <= hi and (a, b) != (lo, hi)]
+    outer = [(a, b) for a, b in inside if not any((c, d) != (a, b) and c <= a and b <= d for c, d in inside)]
+    return tuple(sum(a <= addr <= b for addr, _ in instrs) for a, b in sorted(set(outer)))
+
+
 def sass_stats(instrs: list[tuple[int, str]]) -> SassCounts:
     """Counts over a function and over its main loop: the longest backward branch before the first
     unconditional EXIT (later code holds the out-of-line paths of divergent shuffles, whose branches jump back)."""
@@ -157,6 +170,7 @@ def sass_stats(instrs: list[tuple[int, str]]) -> SassCounts:
     if not loops:
         return stats
     lo, hi = max(loops, key=lambda loop: loop[1] - loop[0])
+    stats.loop_rolled = nested_loops(loops, lo, hi, instrs)
     seen_sts = False
     for addr, ins in instrs:
         if not lo <= addr <= hi:
@@ -185,6 +199,7 @@ class TileLoops:
     ldg: int = 0
     ldgsts: int = 0
     sts: int = 0
+    rolled: tuple[int, ...] = ()  # sizes of the loops nested in the largest (see nested_loops)
 
 
 def mma_tile_loops(instrs: list[tuple[int, str]]) -> TileLoops:
@@ -192,16 +207,19 @@ def mma_tile_loops(instrs: list[tuple[int, str]]) -> TileLoops:
     def ops(lo: int, hi: int) -> list[str]:
         return [_opcode(ins) for addr, ins in instrs if lo <= addr <= hi]
 
-    with_mma = [(lo, hi) for lo, hi in backward_branches(instrs) if any(op.startswith("HMMA") for op in ops(lo, hi))]
+    loops = backward_branches(instrs)
+    with_mma = [(lo, hi) for lo, hi in loops if any(op.startswith("HMMA") for op in ops(lo, hi))]
     inner = [(lo, hi) for lo, hi in with_mma
              if not any((a, b) != (lo, hi) and lo <= a and b <= hi for a, b in with_mma)]
     if not inner:
         return TileLoops()
     bodies = [ops(lo, hi) for lo, hi in inner]
-    big = max(bodies, key=len)
+    big_at = max(range(len(inner)), key=lambda k: len(bodies[k]))
+    big = bodies[big_at]
     count = lambda prefix: sum(op.split(".")[0] == prefix for op in big)
     return TileLoops(count=len(bodies), smallest=min(map(len, bodies)), largest=len(big), hmma=count("HMMA"),
-                     ldg=count("LDG"), ldgsts=count("LDGSTS"), sts=count("STS"))
+                     ldg=count("LDG"), ldgsts=count("LDGSTS"), sts=count("STS"),
+                     rolled=nested_loops(loops, *inner[big_at], instrs))
 
 
 def ggml_type_names(tree: Path) -> dict[int, str]:
@@ -304,12 +322,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append((d, ncols, softcap, label, ptxas.get(name, ResourceUsage()), sass_stats(instrs)))
     print(f"{'kernel':<48} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'instrs':>6} {'loop':>5} "
-          f"{'LDL/STL':>7} {'LDG pre/post KQ':>15}")
+          f"{'LDL/STL':>7} {'LDG pre/post KQ':>15} {'rolled':>8}")
     for *_, label, p, s in sorted(rows, key=lambda r: r[:3]):
         print(f"{label:<48} {p.registers:>4} {p.stack:>5} {f'{p.spill_stores}/{p.spill_loads}':>11} "
               f"{s.instructions:>6} {s.loop_instructions:>5} {f'{s.loop_ldl}/{s.loop_stl}':>7} "
-              f"{f'{s.loop_ldg_before_sts}/{s.loop_ldg_after_sts}':>15}")
+              f"{f'{s.loop_ldg_before_sts}/{s.loop_ldg_after_sts}':>15} {rolled_cell(s.loop_rolled):>8}")
     return 0 if rows else 1
+
+
+def rolled_cell(sizes: tuple[int, ...]) -> str:
+    """The rolled loops' sizes, "-" for none: where there are any, the loop's count is not what a trip executes."""
+    return "+".join(map(str, sizes)) or "-"
 
 
 def print_mma(ptxas: dict[str, ResourceUsage], sass: dict[str, list[tuple[int, str]]], pattern: str) -> int:
@@ -325,10 +348,11 @@ def print_mma(ptxas: dict[str, ResourceUsage], sass: dict[str, list[tuple[int, s
             rows.append((dkq, ncols1, ncols2, label, ptxas.get(name, ResourceUsage()), len(instrs),
                          mma_tile_loops(instrs)))
     print(f"{'kernel':<44} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'instrs':>6} {'tile loops':>10} "
-          f"{'sizes':>11} {'HMMA':>4} {'LDG':>4} {'LDGSTS':>6} {'STS':>4}")
+          f"{'sizes':>11} {'HMMA':>4} {'LDG':>4} {'LDGSTS':>6} {'STS':>4} {'rolled':>8}")
     for *_, label, p, n, t in sorted(rows, key=lambda r: r[:4]):
         print(f"{label:<44} {p.registers:>4} {p.stack:>5} {f'{p.spill_stores}/{p.spill_loads}':>11} {n:>6} "
-              f"{t.count:>10} {f'{t.smallest}-{t.largest}':>11} {t.hmma:>4} {t.ldg:>4} {t.ldgsts:>6} {t.sts:>4}")
+              f"{t.count:>10} {f'{t.smallest}-{t.largest}':>11} {t.hmma:>4} {t.ldg:>4} {t.ldgsts:>6} {t.sts:>4} "
+              f"{rolled_cell(t.rolled):>8}")
     return 0 if rows else 1
 
 

@@ -105,3 +105,33 @@ def test_mma_tile_loops_are_the_innermost_loops_with_mma():
 def test_mma_without_loops():
     instrs = stats.split_sass(_sass(["HMMA.16816.F32 R8, R4, R20, R8", "EXIT"]).replace(NAME, MMA_NAME))[MMA_NAME]
     assert stats.mma_tile_loops(instrs) == stats.TileLoops()
+
+
+def test_rolled_loops_inside_the_main_loop_are_reported():
+    # a vector kernel's K/V loop holding a rolled V loop, and a tile loop holding two rolled decode loops
+    vec = ["MOV R1, R2",                     # 0x00
+           "LDG.E R2, desc[UR4][R4.64]",     # 0x10: main loop start
+           "FFMA R3, R2, R2, R3",            # 0x20: inner loop start
+           "@P0 BRA 0x20",                   # 0x30: inner loop (2 instructions)
+           "STS [R5], R2",                   # 0x40
+           "@P1 BRA 0x10",                   # 0x50: main loop end
+           "EXIT"]                           # 0x60
+    s = stats.sass_stats(stats.split_sass(_sass(vec))[NAME])
+    assert s.loop_instructions == 5 and s.loop_rolled == (2,)
+    mma = ["LDGSTS.E.BYPASS.128 [R6], desc[UR4][R4.64]",  # 0x00: tile loop start
+           "PRMT R7, R2, 0x3210, R3",        # 0x10: decode loop of K
+           "STS.128 [R5], R8",               # 0x20
+           "@P0 BRA 0x10",                   # 0x30: (3 instructions)
+           "HMMA.16816.F32 R8, R4, R20, R8",  # 0x40
+           "PRMT R7, R2, 0x3210, R3",        # 0x50: decode loop of V
+           "LOP3.LUT R7, R7, 0x7, RZ, 0xc0, !PT",  # 0x60
+           "STS.128 [R5], R8",               # 0x70
+           "@P1 BRA 0x50",                   # 0x80: (4 instructions)
+           "HMMA.16816.F32 R8, R4, R20, R8",  # 0x90
+           "@P2 BRA 0x0",                    # 0xa0: tile loop end
+           "EXIT"]                           # 0xb0
+    t = stats.mma_tile_loops(stats.split_sass(_sass(mma).replace(NAME, MMA_NAME))[MMA_NAME])
+    assert (t.count, t.largest, t.hmma, t.rolled) == (1, 11, 2, (3, 4))
+    assert stats.rolled_cell(t.rolled) == "3+4" and stats.rolled_cell(()) == "-"
+    # loops without rolled loops inside report none
+    assert stats.sass_stats(stats.split_sass(_sass(["LDG.E R2, desc[UR4][R4.64]", "@P0 BRA 0x0", "EXIT"]))[NAME]).loop_rolled == ()
